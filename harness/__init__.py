@@ -1,0 +1,1 @@
+"""attnbench harness: matrix, inputs, timing, memory, accuracy, runner, store, report."""

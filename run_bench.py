@@ -1,0 +1,54 @@
+"""attnbench command line: run a benchmark matrix, report it, compare runs, list variants.
+
+    python run_bench.py                      # quick CPU matrix, then its report
+    python run_bench.py run --preset cpu     # or gpu, or a TOML file of your own
+    python run_bench.py report results/<run-id>
+    python run_bench.py compare results/<a> results/<b>
+    python run_bench.py list                 # variants, families, parameters
+
+Bad input ends with a one-line error on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from harness.errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own usage errors: one line, status 2
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from harness import cli_report, cli_run
+
+    p = _Parser(prog="run_bench.py", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    cli_run.add_run_args(sub.add_parser("run", help="run a benchmark matrix"))
+    cli_run.add_list_args(sub.add_parser("list", help="list variants and their parameters"))
+    cli_report.add_report_args(sub.add_parser("report", help="write the report of a run"))
+    cli_report.add_compare_args(sub.add_parser("compare", help="compare two runs"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness import cli_report, cli_run
+
+    try:
+        args = _parser().parse_args(argv)
+        if args.command is None:  # the default job: the quick CPU matrix, then its report
+            run_dir = cli_run.run_default()
+            return cli_report.report_dir(run_dir)
+        return {"run": cli_run.run_command, "list": cli_run.list_command,
+                "report": cli_report.report_command,
+                "compare": cli_report.compare_command}[args.command](args)
+    except UsageError as e:
+        print(f"run_bench.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

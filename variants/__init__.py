@@ -1,0 +1,20 @@
+"""attnbench variants: one file per family, each registering itself.
+
+    import variants
+    variants.names()                      # every registered variant
+    m = variants.build("sdpa")            # a torch.nn.Module
+    o = m(q, k, v, causal=False)          # q, k, v: (B, H, N, D)
+
+Adding a variant: one new file in this package and one import line below.
+"""
+
+from .base import KeyMask, Variant, param
+from .reference import dense_mask, exact_reference, naive_attention
+from .registry import ParamSpec, VariantSpec, build, make_params, names, register, spec
+
+__all__ = ["KeyMask", "ParamSpec", "Variant", "VariantSpec", "build", "dense_mask",
+           "exact_reference", "make_params", "naive_attention", "names", "param",
+           "register", "spec"]
+
+# The variant families; importing a module registers its variants.
+from . import exact  # noqa: E402,F401

@@ -1,0 +1,128 @@
+"""The variant interface: a pure q, k, v -> o attention map on (B, H, N, D) tensors.
+
+A variant family is one file in this package holding a frozen parameter dataclass and a
+`Variant` subclass registered with `@register` (see `variants/registry.py`). The base
+class checks shapes and declared capabilities before any work, so that a case a variant
+cannot do is refused with its reason instead of quietly computing something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, ClassVar
+
+import torch
+
+# Key masks are callables (query indices [c], key indices [n]) -> bool [c, n]: True where
+# query i may attend key j. They describe a pattern without ever materialising N x N.
+KeyMask = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    """A variant without parameters."""
+
+
+def param(default, *, doc: str = "", choices: tuple | None = None, min: float | None = None,
+          max: float | None = None):
+    """A dataclass field for a variant parameter, with the constraints the registry checks."""
+    meta = {"doc": doc, "choices": choices, "min": min, "max": max}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+class Variant(torch.nn.Module):
+    """Base class: `forward(q, k, v, causal=False)` on (B, H, N, D) returns o of q's shape."""
+
+    # Filled in by each subclass; the registry reads them.
+    name: ClassVar[str]
+    family: ClassVar[str]
+    Params: ClassVar[type] = NoParams
+    exact: ClassVar[bool] = False  # exact softmax attention over all keys
+    paper: ClassVar[str] = ""
+    supports_causal: ClassVar[bool] = True
+    supports_backward: ClassVar[bool] = True
+
+    def __init__(self, params=None):
+        super().__init__()
+        self.params = params if params is not None else self.Params()
+
+    # -- capabilities -----------------------------------------------------------------
+    def unsupported_reasons(self, *, device: torch.device | str, dtype: torch.dtype,
+                            causal: bool, seq_len: int, head_dim: int,
+                            backward: bool = False) -> list[str]:
+        """Why this variant cannot run a case; empty when it can. Called before running."""
+        reasons = []
+        if causal and not self.supports_causal:
+            reasons.append(f"{self.name} is non-causal only ({self.non_causal_why()})")
+        if backward and not self.supports_backward:
+            reasons.append(f"{self.name} has no backward pass")
+        if not dtype.is_floating_point:
+            reasons.append(f"{self.name} needs a floating-point dtype, got {dtype}")
+        reasons += self.extra_reasons(torch.device(device), dtype, causal, seq_len, head_dim,
+                                      backward)
+        return reasons
+
+    def non_causal_why(self) -> str:
+        return "its computation mixes future positions into every output"
+
+    def extra_reasons(self, device: torch.device, dtype: torch.dtype, causal: bool,
+                      seq_len: int, head_dim: int, backward: bool) -> list[str]:
+        """Variant-specific reasons (device, dtype, length); override where needed."""
+        return []
+
+    # -- the map --------------------------------------------------------------------
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                causal: bool = False) -> torch.Tensor:
+        check_qkv(q, k, v)
+        backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                or v.requires_grad)
+        reasons = self.unsupported_reasons(device=q.device, dtype=q.dtype, causal=causal,
+                                           seq_len=q.shape[-2], head_dim=q.shape[-1],
+                                           backward=backward)
+        if reasons:
+            raise ValueError("; ".join(reasons))
+        return self.attend(q, k, v, causal)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               causal: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- description ------------------------------------------------------------------
+    def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:
+        """Analytic forward FLOPs (2 per multiply-add, matmuls only)."""
+        raise NotImplementedError
+
+    def key_mask(self, seq_len: int) -> KeyMask | None:
+        """The non-causal key pattern for sparse variants that are exact on it, else None.
+
+        A variant returning a mask claims: its output equals exact softmax attention
+        restricted to this mask (AND j <= i when causal), to float rounding.
+        """
+        return None
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.params).items())
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ValueError unless q, k, v are (B, H, N, D) with one shape, dtype and device."""
+    for t, label in ((q, "q"), (k, "k"), (v, "v")):
+        if t.dim() != 4:
+            raise ValueError(f"{label} must be (B, H, N, D), got shape {tuple(t.shape)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q, k, v must share one shape, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
+
+
+def causal_pairs(N: int) -> int:
+    """Number of (i, j) pairs with j <= i: N (N + 1) / 2."""
+    return N * (N + 1) // 2
+
+
+def softmax_scale(D: int) -> float:
+    return 1.0 / math.sqrt(D)

@@ -1,0 +1,71 @@
+"""Exact softmax attention: the plain form, torch's fused SDPA, and xformers' kernel.
+
+softmax(q k^T / sqrt(D)) v (Vaswani et al. 2017, https://arxiv.org/abs/1706.03762).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from .base import Variant
+from .reference import naive_attention
+from .registry import register
+
+
+class _Exact(Variant):
+    family = "exact"
+    exact = True
+    paper = "https://arxiv.org/abs/1706.03762"
+
+    def flops(self, B, H, N, D, causal=False):
+        # q k^T and p v: 2 * 2 N^2 D per head; causal counts half (FlashAttention's rule).
+        full = 4 * B * H * N * N * D
+        return full // 2 if causal else full
+
+
+@register
+class Standard(_Exact):
+    """Exact attention with the full N x N score matrix materialised (the plain form)."""
+    name = "standard"
+
+    def attend(self, q, k, v, causal):
+        return naive_attention(q, k, v, causal)
+
+
+@register
+class SDPA(_Exact):
+    """Exact attention by torch.nn.functional.scaled_dot_product_attention (fused kernels)."""
+    name = "sdpa"
+    paper = "https://arxiv.org/abs/2205.14135"
+
+    def attend(self, q, k, v, causal):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+@register
+class XFormers(_Exact):
+    """Exact attention by xformers.ops.memory_efficient_attention (CUDA only)."""
+    name = "xformers"
+    paper = "https://arxiv.org/abs/2112.05682"
+
+    def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
+        if importlib.util.find_spec("xformers") is None:
+            return ["xformers is not installed (optional extra: pip install -e '.[xformers]'; "
+                    "it runs on CUDA only)"]
+        if device.type != "cuda":
+            return ["xformers.ops.memory_efficient_attention has no CPU kernel (CUDA only)"]
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return [f"xformers memory_efficient_attention does not take {dtype}"]
+        return []
+
+    def attend(self, q, k, v, causal):
+        from xformers.ops import LowerTriangularMask, memory_efficient_attention
+
+        # xformers wants (B, N, H, D).
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, N, H, D)
+        bias = LowerTriangularMask() if causal else None
+        o = memory_efficient_attention(q, k, v, attn_bias=bias)
+        return o.transpose(1, 2)  # (B, H, N, D)

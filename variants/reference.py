@@ -1,0 +1,81 @@
+"""The exact reference: softmax(q k^T / sqrt(D)) v in float64, in query chunks.
+
+Everything is measured against this: the tests, and the harness's error columns. It never
+holds an N x N matrix: queries are processed `chunk` rows at a time, so the extra memory is
+B * H * chunk * N float64 scores (about 64 MiB by default, whatever N is).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import KeyMask, check_qkv, softmax_scale
+
+# Budget for one chunk's float64 score block, in bytes.
+_CHUNK_BYTES = 64 * 2**20
+
+
+def exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    *, key_mask: KeyMask | None = None, rows: torch.Tensor | None = None,
+                    chunk: int | None = None) -> torch.Tensor:
+    """Exact attention in float64 for (B, H, N, D) q, k, v; returns (B, H, R, D) float64.
+
+    causal: query i sees keys j <= i. key_mask: an extra pattern (i, j) -> allowed.
+    rows: optional query indices (R of them) to compute; all N rows when None.
+    A query row with no allowed key gets a zero output.
+    """
+    check_qkv(q, k, v)
+    B, H, N, D = q.shape
+    rows = torch.arange(N, device=q.device) if rows is None else rows.to(q.device)
+    if chunk is None:
+        chunk = max(1, min(len(rows), _CHUNK_BYTES // (8 * B * H * max(N, 1))))
+    k64, v64 = k.double(), v.double()
+    keys = torch.arange(N, device=q.device)
+    scale = softmax_scale(D)
+    out = torch.empty(B, H, len(rows), D, dtype=torch.float64, device=q.device)
+    for s in range(0, len(rows), chunk):
+        r = rows[s:s + chunk]
+        scores = (q[:, :, r].double() @ k64.transpose(-1, -2)) * scale  # (B, H, c, N)
+        allowed = _allowed(r, keys, causal, key_mask)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        top = scores.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)
+        p = torch.exp(scores - top)
+        denom = p.sum(dim=-1, keepdim=True)
+        out[:, :, s:s + chunk] = (p @ v64) / denom.clamp_min(torch.finfo(torch.float64).tiny)
+    return out
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    *, key_mask: KeyMask | None = None) -> torch.Tensor:
+    """The plain dense form in q's own dtype (the N x N matrix, materialised).
+
+    The baseline whose rounding error sets the tolerance for fast paths in the same dtype.
+    """
+    N, D = q.shape[-2], q.shape[-1]
+    scores = (q @ k.transpose(-1, -2)) * softmax_scale(D)  # (B, H, N, N)
+    idx = torch.arange(N, device=q.device)
+    allowed = _allowed(idx, idx, causal, key_mask)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return p @ v
+
+
+def dense_mask(N: int, causal: bool = False, key_mask: KeyMask | None = None,
+               device: torch.device | str = "cpu") -> torch.Tensor:
+    """The bool [N, N] allowed-mask of a pattern, for tests and explicit-mask SDPA."""
+    idx = torch.arange(N, device=device)
+    allowed = _allowed(idx, idx, causal, key_mask)
+    return torch.ones(N, N, dtype=torch.bool, device=device) if allowed is None else allowed
+
+
+def _allowed(r: torch.Tensor, keys: torch.Tensor, causal: bool,
+             key_mask: KeyMask | None) -> torch.Tensor | None:
+    allowed = None
+    if key_mask is not None:
+        allowed = key_mask(r, keys)
+    if causal:
+        c = keys[None, :] <= r[:, None]
+        allowed = c if allowed is None else allowed & c
+    return allowed

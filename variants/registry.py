@@ -1,0 +1,131 @@
+"""The registry: the one list of variants. `build`, `names`, `spec`, and `@register`."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from .base import Variant
+
+_REGISTRY: dict[str, type[Variant]] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    type: str
+    default: object
+    doc: str = ""
+    choices: tuple | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantSpec:
+    """What `variants.spec(name)` tells about a variant."""
+    name: str
+    family: str
+    exact: bool
+    paper: str
+    summary: str
+    params: tuple[ParamSpec, ...]
+    supports_causal: bool
+    supports_backward: bool
+    pattern_exact: bool  # exact softmax restricted to a key pattern (sparse, window)
+
+    @property
+    def defaults(self) -> dict:
+        return {p.name: p.default for p in self.params}
+
+
+def register(cls: type[Variant]) -> type[Variant]:
+    """Class decorator adding a variant to the registry; refuses duplicate names."""
+    for attr in ("name", "family"):
+        if not isinstance(getattr(cls, attr, None), str):
+            raise TypeError(f"{cls.__qualname__} must set a string class attribute {attr!r}")
+    if cls.name in _REGISTRY:
+        raise ValueError(f"variant {cls.name!r} is already registered "
+                         f"by {_REGISTRY[cls.name].__module__}")
+    if not (dataclasses.is_dataclass(cls.Params) and cls.Params.__dataclass_params__.frozen):
+        raise TypeError(f"{cls.__qualname__}.Params must be a frozen dataclass")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    """Every registered variant name, in registration order."""
+    return list(_REGISTRY)
+
+
+def _cls(name: str) -> type[Variant]:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown variant {name!r}; registered: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def _param_specs(cls: type[Variant]) -> tuple[ParamSpec, ...]:
+    hints = typing.get_type_hints(cls.Params)
+    out = []
+    for f in dataclasses.fields(cls.Params):
+        t = hints[f.name]
+        m = f.metadata
+        out.append(ParamSpec(f.name, getattr(t, "__name__", str(t)), f.default, m.get("doc", ""),
+                             m.get("choices"), m.get("min"), m.get("max")))
+    return tuple(out)
+
+
+def spec(name: str) -> VariantSpec:
+    """Family, parameters with defaults, exactness and paper of a registered variant."""
+    cls = _cls(name)
+    doc = (cls.__doc__ or "").strip().splitlines()
+    pattern_exact = cls.key_mask is not Variant.key_mask
+    return VariantSpec(cls.name, cls.family, cls.exact, cls.paper, doc[0] if doc else "",
+                       _param_specs(cls), cls.supports_causal, cls.supports_backward,
+                       pattern_exact)
+
+
+def _check_value(variant: str, p: ParamSpec, value):
+    """Return value coerced to p's type, or raise ValueError naming what is allowed."""
+    where = f"{variant}: parameter {p.name!r}"
+    if p.type == "bool":
+        ok = isinstance(value, bool)
+    elif p.type == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif p.type == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif p.type == "str":
+        ok = isinstance(value, str)
+    else:  # Optional or other annotations: accept None or the default's type
+        ok = value is None or p.default is None or isinstance(value, type(p.default))
+    if not ok:
+        raise ValueError(f"{where} must be of type {p.type}, got {value!r}")
+    if p.choices is not None and value not in p.choices:
+        raise ValueError(f"{where} must be one of {list(p.choices)}, got {value!r}")
+    if p.min is not None and value is not None and value < p.min:
+        raise ValueError(f"{where} must be >= {p.min}, got {value!r}")
+    if p.max is not None and value is not None and value > p.max:
+        raise ValueError(f"{where} must be <= {p.max}, got {value!r}")
+    return value
+
+
+def make_params(name: str, **params):
+    """The validated, frozen parameter dataclass of a variant."""
+    cls = _cls(name)
+    specs = {p.name: p for p in _param_specs(cls)}
+    unknown = sorted(set(params) - set(specs))
+    if unknown:
+        allowed = ", ".join(specs) if specs else "none"
+        raise ValueError(f"{name}: unknown parameter(s) {', '.join(map(repr, unknown))}; "
+                         f"allowed: {allowed}")
+    checked = {k: _check_value(name, specs[k], v) for k, v in params.items()}
+    try:
+        return cls.Params(**checked)
+    except ValueError as e:  # cross-field checks in __post_init__
+        raise ValueError(f"{name}: {e}") from None
+
+
+def build(name: str, **params) -> Variant:
+    """A built variant module; unknown names or invalid parameters raise ValueError."""
+    return _cls(name)(make_params(name, **params))
