@@ -93,6 +93,15 @@ class Variant(torch.nn.Module):
         """Analytic forward FLOPs (2 per multiply-add, matmuls only)."""
         raise NotImplementedError
 
+    def memory_bytes(self, B: int, H: int, N: int, D: int, dtype: torch.dtype,
+                     backward: bool = False) -> int | None:
+        """Predicted peak extra bytes of one call, where the variant can say; else None.
+
+        The harness's memory guard uses it to skip a case that cannot fit instead of
+        swapping. Only quadratic-memory paths need to say.
+        """
+        return None
+
     def key_mask(self, seq_len: int) -> KeyMask | None:
         """The non-causal key pattern for sparse variants that are exact on it, else None.
 

@@ -31,6 +31,11 @@ class Standard(_Exact):
     """Exact attention with the full N x N score matrix materialised (the plain form)."""
     name = "standard"
 
+    def memory_bytes(self, B, H, N, D, dtype, backward=False):
+        # scores and probabilities, N x N each; backward keeps them and adds their grads.
+        nxn = B * H * N * N * torch.finfo(dtype).bits // 8
+        return (4 if backward else 2) * nxn
+
     def attend(self, q, k, v, causal):
         return naive_attention(q, k, v, causal)
 
