@@ -53,12 +53,14 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     The baseline whose rounding error sets the tolerance for fast paths in the same dtype.
     """
     N, D = q.shape[-2], q.shape[-1]
-    scores = (q @ k.transpose(-1, -2)) * softmax_scale(D)  # (B, H, N, N)
+    scores = (q * softmax_scale(D)) @ k.transpose(-1, -2)  # (B, H, N, N)
     idx = torch.arange(N, device=q.device)
     allowed = _allowed(idx, idx, causal, key_mask)
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        scores.masked_fill_(~allowed, float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    if key_mask is not None:  # a pattern may leave a row without keys: output 0 there
+        p = p.nan_to_num(0.0)
     return p @ v
 
 

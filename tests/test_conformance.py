@@ -1,0 +1,153 @@
+"""The conformance kit: every registered variant, with no edit here when one is added.
+
+Each test builds the variant with its defaults, asks it first whether it can run the case
+(`unsupported_reasons`) and, where it cannot, checks that `forward` refuses with that
+reason instead of computing something else.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+import variants
+from variants import exact_reference, naive_attention
+
+NAMES = variants.names()
+N_GENERIC = 300  # above every default budget (landmarks, projection rank, windows)
+
+
+def qkv(B=2, H=3, N=N_GENERIC, D=16, dtype=torch.float32, seed=0, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, N, D, generator=g).to(dtype).requires_grad_(requires_grad)
+            for _ in range(3)]
+
+
+def runnable(m, q, causal=False, backward=False):
+    """Skip the test with the variant's own reason when it declares the case unsupported,
+    after checking that forward refuses that case with the same reason."""
+    reasons = m.unsupported_reasons(device=q.device, dtype=q.dtype, causal=causal,
+                                    seq_len=q.shape[-2], head_dim=q.shape[-1],
+                                    backward=backward)
+    if reasons:
+        k, v = torch.zeros_like(q), torch.zeros_like(q)
+        with pytest.raises(ValueError) as e:
+            m(q.detach().requires_grad_(backward), k, v, causal=causal)
+        assert reasons[0] in str(e.value)
+        pytest.skip(f"declared unsupported: {'; '.join(reasons)}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_spec_describes_the_variant(name):
+    s = variants.spec(name)
+    assert s.name == name and s.family and s.paper.startswith("http") and s.summary
+    m = variants.build(name, **s.defaults)
+    assert isinstance(m, torch.nn.Module)
+    assert dataclasses.asdict(m.params) == s.defaults
+    with pytest.raises(ValueError, match=rf"{name}.*no_such_param.*allowed"):
+        variants.build(name, no_such_param=1)
+    for p in s.params:  # a value of the wrong type is refused with the parameter's name
+        bad = "x" if p.type != "str" else 3
+        with pytest.raises(ValueError, match=rf"{name}.*{p.name}"):
+            variants.build(name, **{p.name: bad})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", NAMES)
+def test_output_shape_dtype_finite(name, causal):
+    m = variants.build(name)
+    q, k, v = qkv()
+    runnable(m, q, causal)
+    with torch.no_grad():
+        o = m(q, k, v, causal=causal)
+    assert o.shape == q.shape and o.dtype == q.dtype and o.device == q.device
+    assert torch.isfinite(o).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_flow_to_q_k_v(name):
+    m = variants.build(name)
+    q, k, v = qkv(requires_grad=True)
+    runnable(m, q, backward=True)
+    m(q, k, v).square().sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_and_heads_are_independent(name):
+    m = variants.build(name)
+    q, k, v = qkv()
+    runnable(m, q)
+    perm = torch.tensor([2, 0, 1])
+    with torch.no_grad():
+        o = m(q, k, v)
+        o_perm = m(q[:, perm], k[:, perm], v[:, perm])
+        o_b1 = m(q[1:], k[1:], v[1:])
+    torch.testing.assert_close(o_perm, o[:, perm], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(o_b1, o[1:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_causal_output_ignores_the_future(name):
+    m = variants.build(name)
+    q, k, v = qkv()
+    if not variants.spec(name).supports_causal:
+        assert m.unsupported_reasons(device="cpu", dtype=q.dtype, causal=True,
+                                     seq_len=N_GENERIC, head_dim=16)
+        with pytest.raises(ValueError, match="causal"):
+            m(q, k, v, causal=True)
+        return
+    runnable(m, q, causal=True)
+    i = N_GENERIC // 2
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, i + 1:] = torch.randn_like(k2[:, :, i + 1:]) * 3
+    v2[:, :, i + 1:] = torch.randn_like(v2[:, :, i + 1:]) * 3
+    with torch.no_grad():
+        o, o2 = m(q, k, v, causal=True), m(q, k2, v2, causal=True)
+    torch.testing.assert_close(o2[:, :, :i + 1], o[:, :, :i + 1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(o2[:, :, i + 1:], o[:, :, i + 1:])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_parameters_give_the_same_output(name):
+    q, k, v = qkv()
+    runnable(variants.build(name), q)
+    with torch.no_grad():
+        a = variants.build(name)(q, k, v)
+        b = variants.build(name)(q, k, v)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_flops_are_analytic_and_grow_with_length(name):
+    m = variants.build(name)
+    f = [m.flops(1, 8, n, 64, False) for n in (1024, 4096)]
+    assert all(isinstance(x, int) and x > 0 for x in f)
+    assert f[1] > f[0]
+    if variants.spec(name).supports_causal:
+        assert 0 < m.flops(1, 8, 4096, 64, True) <= f[1]
+
+
+def _rel_err(o, ref):
+    return float((o.double() - ref).norm() / ref.norm())
+
+
+EXACT_NAMES = [n for n in NAMES if variants.spec(n).exact or variants.spec(n).pattern_exact]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("N", [1, 63, 100, 1000])
+@pytest.mark.parametrize("name", EXACT_NAMES)
+def test_exact_variants_match_the_float64_reference(name, N, causal, dtype):
+    """Flash-attention's rule: error at most twice the plain path's in the same dtype."""
+    m = variants.build(name)
+    q, k, v = qkv(B=1, H=2, N=N, D=32, dtype=dtype, seed=N)
+    runnable(m, q, causal)
+    mask = m.key_mask(N)
+    with torch.no_grad():
+        ref = exact_reference(q, k, v, causal, key_mask=mask)
+        base = _rel_err(naive_attention(q, k, v, causal, key_mask=mask), ref)
+        err = _rel_err(m(q, k, v, causal=causal), ref)
+    assert err <= 2 * base + torch.finfo(dtype).eps, (err, base)

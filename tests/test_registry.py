@@ -1,0 +1,130 @@
+"""The registry: names, specs, parameter validation, and the one-file drop-in of a variant."""
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import variants
+from variants import Variant, param, register
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_exact_variants_are_registered():
+    assert {"standard", "sdpa", "xformers"} <= set(variants.names())
+
+
+def test_unknown_name_lists_the_registered_ones():
+    with pytest.raises(ValueError, match="unknown variant 'nope'.*standard.*sdpa"):
+        variants.build("nope")
+    with pytest.raises(ValueError, match="unknown variant"):
+        variants.spec("nope")
+
+
+def test_misspelt_parameter_names_what_is_allowed():
+    with pytest.raises(ValueError, match=r"sdpa: unknown parameter\(s\) 'typo'; allowed: none"):
+        variants.build("sdpa", typo=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToyParams:
+    width: int = param(4, min=1, max=64)
+    mode: str = param("a", choices=("a", "b"))
+    scale: float = param(1.0, min=0.0)
+
+    def __post_init__(self):
+        if self.mode == "b" and self.width % 2:
+            raise ValueError("mode 'b' needs an even width")
+
+
+class _Toy(Variant):
+    """A throwaway variant used to test validation."""
+    name = "_registry_toy"
+    family = "test"
+    Params = _ToyParams
+
+
+def test_parameters_are_checked_for_type_range_and_choice():
+    register(_Toy)
+    try:
+        assert variants.build("_registry_toy", width=8).params.width == 8
+        assert variants.build("_registry_toy", scale=2).params.scale == 2.0  # int -> float
+        for kwargs, msg in [({"width": "8"}, "'width' must be of type int"),
+                            ({"width": True}, "'width' must be of type int"),
+                            ({"width": 0}, "'width' must be >= 1"),
+                            ({"width": 65}, "'width' must be <= 64"),
+                            ({"mode": "c"}, r"'mode' must be one of \['a', 'b'\]"),
+                            ({"scale": -1.0}, "'scale' must be >= 0.0"),
+                            ({"mode": "b", "width": 3}, "needs an even width")]:
+            with pytest.raises(ValueError, match="_registry_toy: .*" + msg):
+                variants.build("_registry_toy", **kwargs)
+        spec = variants.spec("_registry_toy")
+        assert spec.defaults == {"width": 4, "mode": "a", "scale": 1.0}
+        assert [p.choices for p in spec.params] == [None, ("a", "b"), None]
+        with pytest.raises(ValueError, match="already registered"):
+            register(_Toy)
+    finally:
+        variants.registry._REGISTRY.pop("_registry_toy", None)
+
+
+TOY_FILE = textwrap.dedent('''
+    """Toy: exact attention by plain torch ops (the README's add-a-variant example)."""
+    import dataclasses
+
+    import torch
+
+    from .base import Variant, param
+    from .registry import register
+
+
+    @dataclasses.dataclass(frozen=True)
+    class ToyParams:
+        temperature: float = param(1.0, min=1e-3, doc="divides the softmax logits")
+
+
+    @register
+    class Toy(Variant):
+        """softmax(q k^T / (sqrt(D) * temperature)) v, materialising N x N."""
+        name = "toy"
+        family = "exact"
+        Params = ToyParams
+        exact = True
+        paper = "https://arxiv.org/abs/1706.03762"
+
+        def attend(self, q, k, v, causal):
+            s = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5 * self.params.temperature)
+            if causal:
+                n = q.shape[-2]
+                s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            return torch.softmax(s, dim=-1) @ v
+
+        def flops(self, B, H, N, D, causal=False):
+            return 4 * B * H * N * N * D // (2 if causal else 1)
+''')
+
+
+def test_a_dropped_in_variant_runs_through_the_whole_kit(tmp_path):
+    """One new file and one import line: listed by names() and conformance-tested."""
+    shutil.copytree(ROOT / "variants", tmp_path / "variants",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "tests", tmp_path / "tests",
+                    ignore=shutil.ignore_patterns("__pycache__", "benchmarks"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    (tmp_path / "variants" / "toy.py").write_text(TOY_FILE)
+    with open(tmp_path / "variants" / "__init__.py", "a") as f:
+        f.write("from . import toy  # noqa: E402,F401\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    listed = subprocess.run([sys.executable, "-c", "import variants; print(variants.names())"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert "'toy'" in listed.stdout
+    kit = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/test_conformance.py", "-k", "toy"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert kit.returncode == 0, kit.stdout[-3000:] + kit.stderr[-2000:]
+    assert " passed" in kit.stdout and "failed" not in kit.stdout
