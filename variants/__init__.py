@@ -18,3 +18,5 @@ __all__ = ["KeyMask", "ParamSpec", "Variant", "VariantSpec", "build", "dense_mas
 
 # The variant families; importing a module registers its variants.
 from . import exact  # noqa: E402,F401
+from . import linformer  # noqa: E402,F401
+from . import nystrom  # noqa: E402,F401

@@ -1,0 +1,104 @@
+"""Nyströmformer: softmax(q k~^T) A^+ softmax(q~ k^T) v with segment-mean landmarks; (B, H, N, D).
+
+Xiong et al. 2021, "Nyströmformer: A Nyström-Based Algorithm for Approximating
+Self-Attention", https://arxiv.org/abs/2102.03902. With m landmarks q~, k~ (means of m
+contiguous segments of q and k):
+
+    F = softmax(q k~^T / sqrt D)   (N x m)      A = softmax(q~ k~^T / sqrt D)   (m x m)
+    B = softmax(q~ k^T / sqrt D)   (m x N)      o = F (A^+ (B v))
+
+B v is formed first, so the largest intermediates are N x m: O(N m) time and memory.
+
+A^+ follows the paper's iterative Moore-Penrose approximation (after Razavi et al. 2014):
+Z0 = A^T / (||A||_1 ||A||_inf), Z <- Z/4 (13 I - A Z (15 I - A Z (7 I - A Z))). The norms are
+taken per matrix (per batch and head), as the paper writes it; a global maximum over the
+batch would slow convergence of every other head. It runs in at least float32 (float64 stays
+float64): in bf16/fp16 the cubic iteration's rounding swamps the inverse.
+
+Segments are as equal as possible (sizes differ by at most one), so no position is dropped
+when m does not divide N. The paper's depthwise-conv residual on v is a model choice, not
+part of the attention map, and is left out. Non-causal only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .base import Variant, param, softmax_scale
+from .linformer import segment_means
+from .registry import register
+
+
+def iterative_pinv(A: torch.Tensor, iterations: int) -> torch.Tensor:
+    """Approximate Moore-Penrose inverse of a batch of square matrices (..., m, m).
+
+    The paper's cubic iteration; Z0 = A^T / (max column sum * max row sum) per matrix, which
+    makes ||I - A Z0|| < 1 so the iteration converges.
+    """
+    absA = A.abs()
+    norm1 = absA.sum(dim=-2).amax(dim=-1)  # (...,) max column sum
+    norm_inf = absA.sum(dim=-1).amax(dim=-1)  # (...,) max row sum
+    Z = A.transpose(-1, -2) / (norm1 * norm_inf)[..., None, None]
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    for _ in range(iterations):
+        AZ = A @ Z
+        Z = 0.25 * Z @ (13 * eye - AZ @ (15 * eye - AZ @ (7 * eye - AZ)))
+    return Z
+
+
+@dataclasses.dataclass(frozen=True)
+class NystromParams:
+    num_landmarks: int = param(64, doc="number of segment-mean landmarks m (must be <= N)",
+                               min=1)
+    pinv_iterations: int = param(6, doc="iterations of the paper's Moore-Penrose "
+                                 "approximation; 0 means the exact torch.linalg.pinv (SVD)",
+                                 min=0)
+
+
+@register
+class Nystrom(Variant):
+    """Nyströmformer attention: segment-mean landmarks and an iterative pseudo-inverse."""
+    name = "nystrom"
+    family = "nystrom"
+    Params = NystromParams
+    paper = "https://arxiv.org/abs/2102.03902"
+    supports_causal = False
+
+    def non_causal_why(self) -> str:
+        return "its landmarks average queries and keys across the whole sequence, future ones included"
+
+    def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
+        m = self.params.num_landmarks
+        if m > seq_len:
+            return [f"nystrom num_landmarks={m} exceeds the sequence length N={seq_len}"]
+        return []
+
+    def attend(self, q, k, v, causal):
+        m = self.params.num_landmarks
+        scale = softmax_scale(q.shape[-1])
+        q_l = segment_means(q, m)  # (B, H, m, D)
+        k_l = segment_means(k, m)  # (B, H, m, D)
+        f = torch.softmax((q @ k_l.transpose(-1, -2)) * scale, dim=-1)  # (B, H, N, m)
+        a = torch.softmax((q_l @ k_l.transpose(-1, -2)) * scale, dim=-1)  # (B, H, m, m)
+        b = torch.softmax((q_l @ k.transpose(-1, -2)) * scale, dim=-1)  # (B, H, m, N)
+        bv = b @ v  # (B, H, m, D)
+        # The pseudo-inverse in float32 at least (see the module docstring).
+        work = torch.promote_types(q.dtype, torch.float32)
+        a = a.to(work)
+        if self.params.pinv_iterations == 0:
+            a_pinv = torch.linalg.pinv(a)  # (B, H, m, m)
+        else:
+            a_pinv = iterative_pinv(a, self.params.pinv_iterations)  # (B, H, m, m)
+        z_bv = (a_pinv @ bv.to(work)).to(q.dtype)  # (B, H, m, D)
+        return f @ z_bv  # (B, H, N, D)
+
+    def flops(self, B, H, N, D, causal=False):
+        m, it = self.params.num_landmarks, self.params.pinv_iterations
+        landmarks = 2 * N * D  # segment sums of q and k: one add per element
+        scores = 2 * N * m * D + 2 * m * m * D + 2 * m * N * D  # F, A, B
+        bv = 2 * m * N * D
+        pinv = it * 4 * 2 * m ** 3  # four m x m matmuls per iteration; the SVD (it=0) uncounted
+        out = 2 * m * m * D + 2 * N * m * D  # A^+ (B v), then F (.)
+        return B * H * (landmarks + scores + bv + pinv + out)
