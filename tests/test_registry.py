@@ -2,10 +2,10 @@
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -73,40 +73,16 @@ def test_parameters_are_checked_for_type_range_and_choice():
         variants.registry._REGISTRY.pop("_registry_toy", None)
 
 
-TOY_FILE = textwrap.dedent('''
-    """Toy: exact attention by plain torch ops (the README's add-a-variant example)."""
-    import dataclasses
-
-    import torch
-
-    from .base import Variant, param
-    from .registry import register
+def readme_example() -> str:
+    """The complete add-a-variant example of the README (its first block that registers)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return next(b for b in blocks if "@register" in b)
 
 
-    @dataclasses.dataclass(frozen=True)
-    class ToyParams:
-        temperature: float = param(1.0, min=1e-3, doc="divides the softmax logits")
-
-
-    @register
-    class Toy(Variant):
-        """softmax(q k^T / (sqrt(D) * temperature)) v, materialising N x N."""
-        name = "toy"
-        family = "exact"
-        Params = ToyParams
-        exact = True
-        paper = "https://arxiv.org/abs/1706.03762"
-
-        def attend(self, q, k, v, causal):
-            s = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5 * self.params.temperature)
-            if causal:
-                n = q.shape[-2]
-                s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-            return torch.softmax(s, dim=-1) @ v
-
-        def flops(self, B, H, N, D, causal=False):
-            return 4 * B * H * N * N * D // (2 if causal else 1)
-''')
+def test_readme_lists_every_registered_variant():
+    table = (ROOT / "README.md").read_text()
+    missing = [n for n in variants.names() if f"| `{n}` |" not in table]
+    assert not missing, f"README's variant table lacks {missing}"
 
 
 def test_a_dropped_in_variant_runs_through_the_whole_kit(tmp_path):
@@ -116,7 +92,7 @@ def test_a_dropped_in_variant_runs_through_the_whole_kit(tmp_path):
     shutil.copytree(ROOT / "tests", tmp_path / "tests",
                     ignore=shutil.ignore_patterns("__pycache__", "benchmarks"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    (tmp_path / "variants" / "toy.py").write_text(TOY_FILE)
+    (tmp_path / "variants" / "toy.py").write_text(readme_example())
     with open(tmp_path / "variants" / "__init__.py", "a") as f:
         f.write("from . import toy  # noqa: E402,F401\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
