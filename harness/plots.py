@@ -1,0 +1,179 @@
+"""Report figures (seaborn on matplotlib's Agg canvas): scaling, error-vs-time Pareto, GFLOP/s.
+
+Each function takes the tidy results (`run_folder.read_results`) and writes one PNG. The
+figures are built on `matplotlib.figure.Figure` with an Agg canvas, never through pyplot,
+so no global backend or figure state is touched and no display is needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .analysis import pareto_front
+
+PANEL_IN = (4.0, 3.0)  # width, height of one facet, inches
+LEGEND_IN = 3.2        # room on the right for the legend, inches
+DPI = 100
+
+
+def grid_size_px(nrows: int, ncols: int) -> tuple[int, int]:
+    """(width, height) in pixels of a faceted figure: what the PNG written here measures."""
+    return (round((PANEL_IN[0] * ncols + LEGEND_IN) * DPI), round(PANEL_IN[1] * nrows * DPI))
+
+
+def _new_figure(width_in: float, height_in: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _palette(labels: list[str]) -> dict[str, tuple]:
+    import seaborn as sns
+
+    colors = sns.color_palette("tab20" if len(labels) > 10 else "tab10", len(labels))
+    return dict(zip(labels, colors))
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, format="png")
+    return path
+
+
+def _adjust(fig, nrows: int, ncols: int) -> None:
+    w_in, h_in = PANEL_IN[0] * ncols + LEGEND_IN, PANEL_IN[1] * nrows
+    fig.subplots_adjust(left=0.75 / w_in, right=PANEL_IN[0] * ncols / w_in, bottom=0.5 / h_in,
+                        top=1 - 0.3 / h_in, hspace=0.45, wspace=0.3)
+
+
+def _log_axes(ax, xbase: int = 10) -> None:
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xscale("log", base=xbase)
+    ax.set_yscale("log")
+    # Minor log ticks cost most of the drawing time and add little here.
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def _legend(fig, palette: dict, ncols: int) -> None:
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, marker="o", markersize=4) for c in palette.values()]
+    fig.legend(handles, list(palette), loc="center left", fontsize=7, frameon=False,
+               bbox_to_anchor=(PANEL_IN[0] * ncols / (PANEL_IN[0] * ncols + LEGEND_IN), 0.5))
+
+
+def scaling_plot(df: pd.DataFrame, metric: str, ylabel: str, path: Path,
+                 band: str | None = None) -> Path:
+    """`metric` against seq_len, log-log, one line per `line`, faceted pass x input.
+
+    df must hold ok rows with a `line` column. `band` names a spread column (time_ms_iqr)
+    drawn as median +- spread/2 around each line.
+    """
+    import seaborn as sns
+
+    data = df[np.isfinite(df[metric]) & (df[metric] > 0)]
+    passes, inputs = sorted(df["pass"].unique()), sorted(df["input"].unique())
+    lines = list(dict.fromkeys(df["line"]))
+    palette = _palette(lines)
+    w, h = grid_size_px(len(passes), len(inputs))
+    fig = _new_figure(w / DPI, h / DPI)
+    axes = fig.subplots(len(passes), len(inputs), squeeze=False, sharex=True)
+    for r, p in enumerate(passes):
+        for c, inp in enumerate(inputs):
+            ax = axes[r][c]
+            sub = data[(data["pass"] == p) & (data["input"] == inp)].sort_values("seq_len")
+            if len(sub):
+                sns.lineplot(data=sub, x="seq_len", y=metric, hue="line", palette=palette,
+                             marker="o", markersize=4, legend=False, ax=ax, errorbar=None)
+            if band is not None:
+                for line, g in sub.groupby("line"):
+                    spread = g[band].fillna(0).to_numpy() / 2
+                    lo = np.maximum(g[metric].to_numpy() - spread, g[metric].to_numpy() * 1e-3)
+                    ax.fill_between(g["seq_len"], lo, g[metric] + spread,
+                                    color=palette[line], alpha=0.25, linewidth=0)
+            _log_axes(ax, 2)
+            ax.set_title(f"{p} · {inp}", fontsize=9)
+            ax.set_xlabel("sequence length N")
+            ax.set_ylabel(ylabel if c == 0 else "")
+            ax.grid(True, which="major", alpha=0.3)
+    _adjust(fig, len(passes), len(inputs))
+    _legend(fig, palette, len(inputs))
+    return _save(fig, path)
+
+
+def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path) -> Path:
+    """rel_err against time_ms at the given lengths (rows) per input (columns).
+
+    df: ok rows of one pass/shape with a `line` column. The Pareto front (no other point
+    both faster and more accurate) is joined by a step line and labelled.
+    """
+    import seaborn as sns
+
+    inputs = sorted(df["input"].unique())
+    lines = list(dict.fromkeys(df["line"]))
+    palette = _palette(lines)
+    w, h = grid_size_px(len(lengths), len(inputs))
+    fig = _new_figure(w / DPI, h / DPI)
+    axes = fig.subplots(len(lengths), len(inputs), squeeze=False)
+    for r, n in enumerate(lengths):
+        for c, inp in enumerate(inputs):
+            ax = axes[r][c]
+            sub = df[(df["seq_len"] == n) & (df["input"] == inp)].copy()
+            sub = sub[np.isfinite(sub["time_ms"]) & np.isfinite(sub["rel_err"])]
+            # Exact paths can reach 0 error; clip so they stay on the log axis.
+            sub["rel_err"] = sub["rel_err"].clip(lower=1e-9)
+            if len(sub):
+                sns.scatterplot(data=sub, x="time_ms", y="rel_err", hue="line",
+                                palette=palette, legend=False, ax=ax, s=25)
+                front = sub[pareto_front(sub["time_ms"], sub["rel_err"])].sort_values("time_ms")
+                ax.step(front["time_ms"], front["rel_err"], where="post", color="black",
+                        linewidth=0.8, alpha=0.6)
+                for _, row in front.iterrows():
+                    ax.annotate(row["line"], (row["time_ms"], row["rel_err"]), fontsize=6,
+                                xytext=(3, 3), textcoords="offset points")
+            _log_axes(ax)
+            ax.set_title(f"N = {n} · {inp}", fontsize=9)
+            ax.set_xlabel("time (ms)")
+            ax.set_ylabel("relative error" if c == 0 else "")
+            ax.grid(True, alpha=0.3)
+    _adjust(fig, len(lengths), len(inputs))
+    _legend(fig, palette, len(inputs))
+    return _save(fig, path)
+
+
+def gflops_size_px(n_labels: int) -> tuple[int, int]:
+    """(width, height) in pixels of the GFLOP/s bar chart for n_labels variants."""
+    return (round(8.0 * DPI), round((1.5 + 0.28 * n_labels) * DPI))
+
+
+def gflops_plot(df: pd.DataFrame, matmul_gflops: float | None, path: Path) -> Path:
+    """Best achieved GFLOP/s per line and pass, against the machine's fp32 matmul rate."""
+    import seaborn as sns
+
+    data = df[np.isfinite(df["gflops_per_s"])]
+    best = data.groupby(["line", "pass"], sort=False, as_index=False)["gflops_per_s"].max()
+    lines = list(dict.fromkeys(df["line"]))
+    w, h = gflops_size_px(len(lines))
+    fig = _new_figure(w / DPI, h / DPI)
+    ax = fig.subplots()
+    if len(best):
+        sns.barplot(data=best, y="line", x="gflops_per_s", hue="pass", order=lines, ax=ax)
+    if matmul_gflops:
+        ax.axvline(matmul_gflops, color="black", linestyle="--", linewidth=1)
+        ax.annotate(f"fp32 matmul {matmul_gflops:.0f} GFLOP/s", (matmul_gflops, 1),
+                    xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7,
+                    xycoords=("data", "axes fraction"))
+    ax.set_xlabel("achieved GFLOP/s (analytic FLOPs / median time; best over lengths)")
+    ax.set_ylabel("")
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.subplots_adjust(left=0.38, right=0.97, bottom=0.6 / (h / DPI), top=1 - 0.3 / (h / DPI))
+    return _save(fig, path)

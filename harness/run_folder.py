@@ -1,0 +1,112 @@
+"""Read a results folder (results.csv + meta.json, DESIGN.md's contract) into one DataFrame.
+
+The report and compare only read what `run` wrote; they never measure. Adds two derived
+columns: `label` (variant plus its parameters, e.g. `sliding_window(window=256)`) and
+`setting` (the case dimensions other than the variant and the length, as one string).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import UsageError
+
+REQUIRED = ["variant", "family", "params", "device", "dtype", "batch", "heads", "head_dim",
+            "seq_len", "causal", "pass", "input", "status", "reason", "time_ms", "time_ms_iqr",
+            "repeats", "peak_mem_mib", "rel_err", "max_abs_err", "flops", "gflops_per_s"]
+NUMERIC = ["batch", "heads", "head_dim", "seq_len", "time_ms", "time_ms_iqr", "repeats",
+           "peak_mem_mib", "rel_err", "max_abs_err", "flops", "gflops_per_s"]
+# One measured case; compare joins two runs on it.
+CASE_KEY = ["variant", "params", "device", "dtype", "batch", "heads", "head_dim", "seq_len",
+            "causal", "pass", "input"]
+# What is held fixed along one line of a plot or one row group of a table.
+SETTING = ["device", "dtype", "batch", "heads", "head_dim", "pass", "input", "causal"]
+EXACT_PATHS = ("sdpa", "standard")
+STATUSES = ("ok", "skipped", "oom", "timeout", "error", "nonfinite")
+
+
+def _fmt_value(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def variant_label(variant: str, params: str) -> str:
+    """`variant(k=v, ...)` from the params JSON; bare `variant` when it has none."""
+    parsed = json.loads(params) if params.strip() else {}
+    if not parsed:
+        return variant
+    return f"{variant}({', '.join(f'{k}={_fmt_value(parsed[k])}' for k in sorted(parsed))})"
+
+
+def _canonical_params(params: str) -> str:
+    return json.dumps(json.loads(params) if params.strip() else {}, sort_keys=True)
+
+
+def _as_bool(v) -> bool:
+    s = str(v).strip().lower()
+    if s in ("true", "1"):
+        return True
+    if s in ("false", "0"):
+        return False
+    raise UsageError(f"causal must be True or False, got {v!r}")
+
+
+def setting_name(row) -> str:
+    """One readable string for a setting, e.g. `forward · gaussian · causal · cpu float32 B1 H8 D64`."""
+    causal = "causal" if row["causal"] else "non-causal"
+    return (f"{row['pass']} · {row['input']} · {causal} · {row['device']} {row['dtype']} "
+            f"B{int(row['batch'])} H{int(row['heads'])} D{int(row['head_dim'])}")
+
+
+def read_results(csv_path: Path) -> pd.DataFrame:
+    """results.csv checked against the contract, with `label` and `setting` added."""
+    try:
+        df = pd.read_csv(csv_path, dtype={"params": str, "reason": str, "variant": str},
+                         keep_default_na=True)
+    except pd.errors.EmptyDataError:
+        raise UsageError(f"{csv_path} is empty") from None
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise UsageError(f"{csv_path} lacks column(s): {', '.join(missing)}")
+    df["params"] = df["params"].fillna("{}")
+    df["reason"] = df["reason"].fillna("")
+    try:
+        df["params"] = df["params"].map(_canonical_params)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{csv_path}: a params field is not JSON ({e})") from None
+    for col in NUMERIC:
+        if not pd.api.types.is_numeric_dtype(df[col]):
+            raise UsageError(f"{csv_path}: column {col} holds non-numbers")
+    df["causal"] = df["causal"].map(_as_bool)
+    unknown = sorted(set(df["status"]) - set(STATUSES))
+    if unknown:
+        raise UsageError(f"{csv_path}: unknown status value(s): {', '.join(map(str, unknown))}")
+    # A resumed run may hold a case twice; its last row is the one that counts.
+    df = df.drop_duplicates(CASE_KEY, keep="last").reset_index(drop=True)
+    df["label"] = [variant_label(v, p) for v, p in zip(df["variant"], df["params"])]
+    df["setting"] = [setting_name(r) for _, r in df[SETTING].iterrows()] if len(df) else []
+    return df
+
+
+def load_run(path) -> tuple[pd.DataFrame, dict]:
+    """(results, meta) of a run folder; UsageError when the folder is not one."""
+    folder = Path(path)
+    csv_path, meta_path = folder / "results.csv", folder / "meta.json"
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder")
+    lacking = [p.name for p in (csv_path, meta_path) if not p.is_file()]
+    if lacking:
+        raise UsageError(f"{folder} is not a results folder (no {' or '.join(lacking)})")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{meta_path} is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise UsageError(f"{meta_path} does not hold a JSON object")
+    return read_results(csv_path), meta

@@ -1,0 +1,78 @@
+"""Synthetic results folders in the results contract, with answers known by construction.
+
+Times (ms) are power laws of N: sdpa 1e-6 N^2, standard 4e-6 N^2, nystrom 3e-3 N (so it
+crosses sdpa at exactly N = 3000), sliding_window 1e-2 N, performer 2e-3 N. Only
+sliding_window is accurate (rel_err < 0.1) on `local` inputs, so it is the fastest accurate
+variant there; nystrom is the accurate fast one on `gaussian`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+INPUTS = ("gaussian", "sharp", "local")
+PASSES = ("forward", "forward_backward")
+B, H, D = 1, 8, 64
+
+# name: (family, params, time coefficient, time exponent, memory (MiB) coef, exponent, errors)
+VARIANTS = {
+    "standard": ("exact", {}, 4e-6, 2, 4e-6, 2, {"gaussian": 1e-7, "sharp": 1e-7, "local": 1e-7}),
+    "sdpa": ("exact", {}, 1e-6, 2, 1e-3, 1, {"gaussian": 1e-7, "sharp": 1e-7, "local": 1e-7}),
+    "nystrom": ("nystrom", {"landmarks": 64}, 3e-3, 1, 2e-3, 1,
+                {"gaussian": 0.02, "sharp": 0.5, "local": 0.3}),
+    "sliding_window": ("sliding_window", {"window": 256}, 1e-2, 1, 3e-3, 1,
+                       {"gaussian": 0.6, "sharp": 0.2, "local": 0.01}),
+    "performer": ("linear", {"features": 128, "redraw": False}, 2e-3, 1, 1e-3, 1,
+                  {"gaussian": 0.4, "sharp": 0.9, "local": 0.5}),
+}
+
+META = {"matrix": {"variants": list(VARIANTS), "seq_len": list(LENGTHS)},
+        "versions": {"python": "3.11", "torch": "2.13.0+cpu", "xformers": None},
+        "devices": ["cpu"], "cpu_model": "synthetic", "threads": 2, "git_commit": "0" * 40,
+        "started": "2026-01-01T00:00:00Z", "finished": "2026-01-01T00:10:00Z",
+        "matmul_fp32_gflops": 317.0}
+
+
+def row(variant, n, inp="gaussian", pas="forward", causal=False, status="ok", reason="",
+        time_ms=None, iqr_frac=0.05, **over):
+    """One results.csv row of a VARIANTS entry; `over` replaces any field."""
+    fam, params, tc, te, mc, me, errs = VARIANTS[variant]
+    scale = 3.0 if pas == "forward_backward" else 1.0
+    t = tc * n ** te * scale if time_ms is None else time_ms
+    flops = 4 * B * H * n * n * D if fam == "exact" else 4 * B * H * n * 64 * D
+    r = {"variant": variant, "family": fam, "params": json.dumps(params, sort_keys=True),
+         "device": "cpu", "dtype": "float32", "batch": B, "heads": H, "head_dim": D,
+         "seq_len": n, "causal": causal, "pass": pas, "input": inp, "status": status,
+         "reason": reason, "time_ms": t, "time_ms_iqr": t * iqr_frac, "repeats": 7,
+         "peak_mem_mib": mc * n ** me, "rel_err": errs[inp], "max_abs_err": errs[inp] * 3,
+         "flops": flops, "gflops_per_s": flops / (t * 1e6)}
+    if status != "ok":
+        for k in ("time_ms", "time_ms_iqr", "repeats", "peak_mem_mib", "rel_err",
+                  "max_abs_err", "gflops_per_s"):
+            r[k] = None
+    r.update(over)
+    return r
+
+
+def synthetic_rows(lengths=LENGTHS) -> list[dict]:
+    rows = [row(v, n, inp, pas) for v in VARIANTS for pas in PASSES for inp in INPUTS
+            for n in lengths]
+    rows = [r for r in rows if not (r["variant"] == "standard" and r["seq_len"] == 16384
+                                    and r["pass"] == "forward_backward")]
+    rows += [row("standard", 16384, inp, "forward_backward", status="oom",
+                 reason="needs 16 GiB") for inp in INPUTS]
+    rows += [row("nystrom", n, "gaussian", causal=True, status="skipped",
+                 reason="nystrom: non-causal only") for n in lengths]
+    return rows
+
+
+def write_run(folder: Path, rows: list[dict], meta: dict | None = None) -> Path:
+    """A results folder: results.csv of rows and meta.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(folder / "results.csv", index=False)
+    (folder / "meta.json").write_text(json.dumps(META if meta is None else meta))
+    return folder
