@@ -1,0 +1,174 @@
+"""Runs a matrix's cases, each in a worker process, and appends one row per case.
+
+The runner knows no variant by name: it asks the registry for each case's module, its
+declared unsupported reasons (the case is `skipped` with them) and its FLOP count. One
+`python -m harness.worker` process runs cases one after the other (peak memory is read
+per call relative to the resident size before it, so reuse keeps readings right); it is
+replaced after a timeout (killed), a crash, or an out-of-memory case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import variants
+from harness.matrix import Case
+from harness.memory import MALLOC_ENV, MemoryGuard, is_oom_message
+from harness.store import RunStore, environment, matmul_fp32_gflops, now
+
+REPO = Path(__file__).resolve().parent.parent
+STATUSES = ("ok", "skipped", "oom", "timeout", "error", "nonfinite")
+
+
+class Worker:
+    """One `python -m harness.worker` subprocess, fed one case at a time."""
+
+    def __init__(self, log_path: Path, threads: int):
+        env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(threads),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "harness.worker"], cwd=REPO, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log, start_new_session=True)
+
+    def run(self, case: Case) -> dict:
+        """The worker's result for case, or a timeout/oom/error result if it did not give one."""
+        start = time.monotonic()
+        self._log.write(f"--- {now()} {case.case_id} {case.label()}\n".encode())
+        self._log.flush()
+        try:
+            self.proc.stdin.write((json.dumps(case.to_json()) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return self._died()
+        line = b""
+        while not line.endswith(b"\n"):
+            left = case.timeout_s - (time.monotonic() - start)
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(left, 0))
+            if not ready:
+                self.kill()
+                return {"status": "timeout",
+                        "reason": f"exceeded timeout_s={case.timeout_s:g} s; worker killed"}
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                return self._died()
+            line += chunk
+        return json.loads(line)
+
+    def _died(self) -> dict:
+        rc = self.proc.wait()
+        tail = _tail(self.log_path)
+        how = f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+        if is_oom_message(tail):
+            return {"status": "oom", "reason": f"worker {how}: {tail}"}
+        if rc == -9:  # not our kill: on Linux the usual sender is the kernel's OOM killer
+            return {"status": "oom", "reason": f"worker {how} (likely the kernel OOM killer)"}
+        return {"status": "error", "reason": f"worker {how}: {tail}"}
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)  # its own session: the worker and nothing else
+        self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+def _tail(path: Path) -> str:
+    lines = [s for s in path.read_text(errors="replace").splitlines() if s.strip()]
+    return lines[-1][:400] if lines else "(no output)"
+
+
+def case_row(case: Case, module) -> dict:
+    """The descriptive columns of a case (everything but the measurements)."""
+    flops = module.flops(case.batch, case.heads, case.seq_len, case.head_dim, case.causal)
+    if case.backward:
+        flops *= 3  # backward counted as twice the forward (two matmuls per forward matmul)
+    return {"case_id": case.case_id, "variant": case.variant, "family": module.family,
+            "params": case.params, "device": case.device, "dtype": case.dtype,
+            "batch": case.batch, "heads": case.heads, "head_dim": case.head_dim,
+            "seq_len": case.seq_len, "causal": case.causal, "pass": case.pass_,
+            "input": case.input, "flops": flops, "seed": case.seed, "threads": case.threads}
+
+
+def skip_reasons(case: Case, module) -> list[str]:
+    """Reasons, known before running, that a case cannot run here (declared by the variant)."""
+    reasons = []
+    if case.device == "cuda" and not torch.cuda.is_available():
+        reasons.append("CUDA is not available on this machine")
+    reasons += module.unsupported_reasons(device=case.device, dtype=getattr(torch, case.dtype),
+                                          causal=case.causal, seq_len=case.seq_len,
+                                          head_dim=case.head_dim, backward=case.backward)
+    return reasons
+
+
+def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Counter:
+    """Run every case not yet in the store; returns the count of rows by status (this run)."""
+    done = store.done_ids() if resume else set()
+    meta = store.read_meta() if resume else {}
+    threads = cases[0].threads if cases else 1
+    meta.update(environment(threads))
+    if "matmul_fp32_gflops" not in meta:  # once per run, not per resumed session
+        meta["matmul_fp32_gflops"] = matmul_fp32_gflops(threads)
+    meta.setdefault("started", now())
+    meta.setdefault("sessions", []).append({"started": now(), "ended": None})
+    meta.update({"matrix": matrix, "cases": len(cases), "ended": None})
+    store.write_meta(meta)
+    store.open()
+    guard, counts, worker = MemoryGuard(), Counter(), None
+    bar = tqdm(total=len(cases), initial=sum(c.case_id in done for c in cases), unit="case",
+               file=sys.stderr, dynamic_ncols=True)
+    try:
+        for case in cases:
+            if case.case_id in done:
+                continue
+            bar.set_postfix_str(case.label(), refresh=True)
+            module = variants.build(case.variant, **case.param_dict)
+            row = case_row(case, module)
+            reasons = skip_reasons(case, module)
+            guard_reason = None if reasons else guard.refuse_reason(case, module)
+            if reasons or guard_reason:
+                row.update(status="skipped", reason="; ".join(reasons) or guard_reason)
+            else:
+                if worker is None or not worker.alive():
+                    worker = Worker(store.folder / "worker.log", case.threads)
+                row.update(worker.run(case))
+                if row["status"] in ("oom", "timeout", "error") and not worker.alive():
+                    worker = None
+                elif row["status"] == "oom":  # a fresh heap for the next case
+                    worker.close()
+                    worker = None
+            if row.get("time_ms"):
+                row["gflops_per_s"] = row["flops"] / (row["time_ms"] * 1e6)
+            guard.record(case.series(), case.seq_len, row.get("peak_mem_mib"))
+            store.append(row)
+            counts[row["status"]] += 1
+            bar.update(1)
+    finally:
+        bar.close()
+        if worker is not None:
+            worker.close()
+        store.close()
+        meta["sessions"][-1]["ended"] = meta["ended"] = now()
+        store.write_meta(meta)
+    return counts

@@ -1,0 +1,157 @@
+"""A run's folder: results.csv (appended and fsynced row by row) and meta.json.
+
+Resume rule: a folder is resumed only when its meta.json holds the same normalised matrix;
+every case id already in results.csv (whatever its status) counts as done and is skipped.
+A partial last line (a run killed while writing) is cut off before appending.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import json
+import os
+from pathlib import Path
+
+from harness.errors import UsageError
+
+COLUMNS = ["case_id", "variant", "family", "params", "device", "dtype", "batch", "heads",
+           "head_dim", "seq_len", "causal", "pass", "input", "status", "reason", "time_ms",
+           "time_ms_iqr", "repeats", "peak_mem_mib", "rel_err", "max_abs_err", "err_rows",
+           "flops", "gflops_per_s", "threads", "seed"]
+RESULTS = "results.csv"
+META = "meta.json"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+class RunStore:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.csv_path = self.folder / RESULTS
+        self.meta_path = self.folder / META
+
+    # -- checks before anything is written ---------------------------------------------
+    def check(self, matrix: dict) -> bool:
+        """Raise UsageError unless the folder is absent, empty, or a run of this matrix.
+
+        Returns True when it is an existing run to resume.
+        """
+        if not self.folder.exists():
+            return False
+        if not self.folder.is_dir():
+            raise UsageError(f"{self.folder} exists and is not a folder")
+        if not any(self.folder.iterdir()):
+            return False
+        if not self.meta_path.is_file():
+            raise UsageError(f"{self.folder} exists and is not an attnbench run (no {META}); "
+                             "choose another --run-id or --results-dir")
+        try:
+            old = json.loads(self.meta_path.read_text())
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{self.meta_path} is not valid JSON ({e}); not resuming") from None
+        if old.get("matrix") != matrix:
+            raise UsageError(f"{self.folder} holds a run of a different matrix; resuming needs the "
+                             "same preset/config and flags (or choose another --run-id)")
+        if self.csv_path.exists():
+            with self.csv_path.open(newline="") as f:
+                header = next(csv.reader(f), None)
+            if header is not None and header != COLUMNS:
+                raise UsageError(f"{self.csv_path} has other columns than this version writes")
+        return True
+
+    # -- results -------------------------------------------------------------------------
+    def done_ids(self) -> set[str]:
+        """Case ids already in results.csv, after cutting off a partial last line."""
+        if not self.csv_path.exists():
+            return set()
+        data = self.csv_path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            with self.csv_path.open("r+b") as f:
+                f.truncate(cut)
+            data = data[:cut]
+        rows = list(csv.DictReader(io.StringIO(data.decode())))
+        return {r["case_id"] for r in rows}
+
+    def open(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
+        self._f = self.csv_path.open("a", newline="")
+        self._w = csv.DictWriter(self._f, fieldnames=COLUMNS, extrasaction="raise")
+        if fresh:
+            self._w.writeheader()
+            self._sync()
+
+    def append(self, row: dict) -> None:
+        self._w.writerow({c: _cell(row.get(c)) for c in COLUMNS})
+        self._sync()
+
+    def _sync(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    # -- meta ------------------------------------------------------------------------------
+    def read_meta(self) -> dict:
+        return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
+
+    def write_meta(self, meta: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.meta_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.meta_path)
+
+
+def _cell(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    return v
+
+
+def environment(threads: int) -> dict:
+    """The facts meta.json keeps beside the results: versions, devices, CPU, commit, speed."""
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    import torch
+
+    try:
+        xformers = metadata.version("xformers")
+    except metadata.PackageNotFoundError:
+        xformers = None
+    cpu_model = None
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    repo = Path(__file__).resolve().parent.parent
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                           capture_output=True, text=True)
+    cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "xformers": xformers, "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
+            "threads": threads, "cuda_devices": cuda,
+            "git_commit": git.stdout.strip() or None,
+            "git_dirty": bool(dirty.stdout.strip()) if git.returncode == 0 else None}
+
+
+def matmul_fp32_gflops(threads: int, n: int = 2048) -> float:
+    """This machine's fp32 matmul rate: 2 n^3 / median time of an n x n matmul, on CPU."""
+    import torch
+    from harness.timing import time_call
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    t = time_call(lambda: a @ b, min_run_time=0.5, min_repeats=5, warmup=2)
+    return 2 * n**3 / (t.time_ms * 1e6)

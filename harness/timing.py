@@ -1,0 +1,68 @@
+"""Median and IQR wall time of one call, by torch.utils.benchmark.Timer.
+
+Timer.blocked_autorange (PyTorch docs, "torch.utils.benchmark") calibrates a block size,
+then times blocks until `min_run_time` has passed; each block gives one per-call time.
+It synchronises CUDA around each block. A slow call may give fewer blocks than
+`min_repeats`; then single calls are timed until there are enough, so the IQR means
+something. Inputs and modules are built by the caller, outside the timed region.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Callable
+
+import torch
+from torch.utils import benchmark
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    time_ms: float  # median per-call time
+    time_ms_iqr: float  # interquartile range of the per-call times
+    repeats: int  # number of timed measurements (blocks) the median is over
+
+
+def time_call(fn: Callable[[], object], *, min_run_time: float = 0.2, min_repeats: int = 5,
+              warmup: int = 1) -> Timing:
+    """Time fn() after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
+                            num_threads=torch.get_num_threads())
+    times = list(timer.blocked_autorange(min_run_time=min_run_time).times)
+    while len(times) < min_repeats:
+        times += timer.timeit(number=1).times
+    return summarise(times)
+
+
+def summarise(times_s: list[float]) -> Timing:
+    ms = sorted(t * 1e3 for t in times_s)
+    if len(ms) >= 2:
+        q1, _, q3 = statistics.quantiles(ms, n=4, method="inclusive")
+    else:
+        q1 = q3 = ms[0]
+    return Timing(statistics.median(ms), q3 - q1, len(ms))
+
+
+def forward_fn(module, q, k, v, causal: bool) -> Callable[[], torch.Tensor]:
+    """The forward pass, without autograd bookkeeping."""
+    def fn():
+        with torch.no_grad():
+            return module(q, k, v, causal=causal)
+    return fn
+
+
+def forward_backward_fn(module, q, k, v, causal: bool) -> Callable[[], torch.Tensor]:
+    """Forward, then backward of o.sum() into q, k, v (which require grad).
+
+    Gradients are dropped at the start of each call so they are not accumulated and the
+    previous call's gradient buffers are freed before this one allocates its own.
+    """
+    def fn():
+        q.grad = k.grad = v.grad = None
+        o = module(q, k, v, causal=causal)
+        o.sum().backward()
+        return o.detach()
+    return fn

@@ -1,0 +1,140 @@
+"""The per-case worker: `python -m harness.worker` reads cases (JSON lines) on stdin and
+writes one result (a JSON line) per case on stdout.
+
+It measures, for one case: the error of the forward output against float64 exact
+attention, the peak memory of one call, and the median time of the call. It runs under
+the malloc settings of harness.memory.MALLOC_ENV (the runner sets them) and caps its own
+address space during each case, so a runaway allocation is an `oom` result, not a
+swapped machine. Anything else a case raises is an `error` result with its message.
+
+ATTNBENCH_EXTRA_MODULES (os.pathsep-separated module names or .py paths) names modules to
+import before the first case: variants registered outside the `variants` package (tests).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+import variants
+from harness import accuracy, memory, timing
+from harness.inputs import make_inputs
+from harness.matrix import Case
+
+EXTRA_ENV = "ATTNBENCH_EXTRA_MODULES"
+
+
+def import_extra(spec: str | None = None) -> None:
+    """Import the modules of ATTNBENCH_EXTRA_MODULES (or `spec`) once per process."""
+    spec = os.environ.get(EXTRA_ENV, "") if spec is None else spec
+    for item in filter(None, spec.split(os.pathsep)):
+        if item.endswith(".py"):
+            name = "_attnbench_extra_" + Path(item).stem
+            if name in sys.modules:
+                continue
+            mod_spec = importlib.util.spec_from_file_location(name, item)
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            importlib.import_module(item)
+
+
+def _result(status: str, reason: str = "", **fields) -> dict:
+    return {"status": status, "reason": reason, **fields}
+
+
+def run_case(case: Case) -> dict:
+    """Measure one case; returns the result fields (status, reason, time_ms, ...)."""
+    torch.set_num_threads(case.threads)
+    device = torch.device(case.device)
+    dtype = getattr(torch, case.dtype)
+    common = {"threads": torch.get_num_threads()}
+    try:
+        module = variants.build(case.variant, **case.param_dict).to(device)
+        q, k, v = make_inputs(case.input, case.batch, case.heads, case.seq_len, case.head_dim,
+                              dtype=dtype, device=device, seed=case.seed)
+        if device.type == "cpu":
+            memory.cap_address_space(case.mem_limit_mib)
+        try:
+            return {**common, **_measure(case, module, q, k, v, device)}
+        finally:
+            if device.type == "cpu":
+                memory.lift_address_space_cap()
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        return _result("oom", _describe(e), **common)
+    except RuntimeError as e:
+        if memory.is_oom_message(str(e)):
+            return _result("oom", _describe(e), **common)
+        return _result("error", _describe(e), **common)
+    except Exception as e:  # a variant's own failure is a result row, with its message
+        return _result("error", _describe(e), **common)
+
+
+def _measure(case: Case, module, q, k, v, device) -> dict:
+    # The forward output once, outside any timed region: finiteness and error.
+    with torch.no_grad():
+        o = module(q, k, v, causal=case.causal)
+    if not bool(torch.isfinite(o).all()):
+        return _result("nonfinite", "forward output has NaN or Inf")
+    err = accuracy.error(o, q, k, v, case.causal, max_rows=case.err_rows, seed=case.seed)
+    errors = {"rel_err": err.rel_err, "max_abs_err": err.max_abs_err, "err_rows": err.err_rows}
+    del o
+    if case.backward:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        fn = timing.forward_backward_fn(module, q, k, v, case.causal)
+        fn()  # warm-up; its gradients are checked
+        if not all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)):
+            return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
+    else:
+        fn = timing.forward_fn(module, q, k, v, case.causal)
+        fn()  # warm-up
+    peak = memory.peak_mib(fn, device)
+    t = timing.time_call(fn, min_run_time=case.min_run_time_s, min_repeats=case.min_repeats,
+                         warmup=0)
+    return _result("ok", "", time_ms=t.time_ms, time_ms_iqr=t.time_ms_iqr, repeats=t.repeats,
+                   peak_mem_mib=peak, **errors)
+
+
+def _describe(e: BaseException) -> str:
+    """'Type: first line of the message (at file:line of the innermost frame)'."""
+    msg = str(e).strip().splitlines()
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {msg[0][:400] if msg else ''}{where}"
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the runner dies (prctl PR_SET_PDEATHSIG)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return  # not glibc Linux: the worker still exits at EOF on stdin
+    libc.prctl(1, signal.SIGKILL)
+
+
+def main() -> None:
+    _die_with_parent()
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # library prints go to stderr; stdout carries results only
+    import_extra()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        case = Case(**json.loads(line))
+        proto.write(json.dumps(run_case(case)) + "\n")
+        proto.flush()
+
+
+if __name__ == "__main__":
+    main()
