@@ -20,3 +20,4 @@ __all__ = ["KeyMask", "ParamSpec", "Variant", "VariantSpec", "build", "dense_mas
 from . import exact  # noqa: E402,F401
 from . import linformer  # noqa: E402,F401
 from . import nystrom  # noqa: E402,F401
+from . import linear  # noqa: E402,F401

@@ -1,0 +1,239 @@
+"""Linear attention: o_i = phi(q_i)^T sum_j phi(k_j) v_j^T / phi(q_i)^T sum_j phi(k_j); (B, H, N, D) -> same.
+
+Two feature maps phi share one kernelised-attention core:
+
+- `linear`: phi(x) = elu(x) + 1 (Katharopoulos et al. 2020, "Transformers are RNNs",
+  https://arxiv.org/abs/2006.16236). Applied to q and k as they are, WITHOUT the softmax
+  temperature 1/sqrt(D): the kernel is phi(q).phi(k), not an approximation of
+  exp(q.k/sqrt(D)), and the paper's feature map takes raw queries and keys. o_i is
+  sum_j a_ij v_j / (sum_j a_ij + eps) with a_ij = phi(q_i).phi(k_j), eps the parameter.
+- `performer`: FAVOR+ positive random features (Choromanski et al. 2021, "Rethinking
+  Attention with Performers", https://arxiv.org/abs/2009.14794, Lemma 1 and Sec. 2.4).
+  With x scaled by D^-1/4 (so that E[phi(q).phi(k)] = exp(q.k / sqrt(D))),
+  phi(x)_r = exp(w_r.x - |x|^2/2 - c) / sqrt(m), r = 1..m, w_r ~ N(0, I_D); orthogonal=True
+  makes the w_r orthogonal within blocks of D (Sec. 2.4: QR of a Gaussian block, rows
+  rescaled by chi_D-distributed norms so each w_r is still marginally N(0, I_D)).
+  The stabiliser c (the paper's released code does the same) is the max exponent of that
+  query row for q, and one max over all keys and features of a (batch, head) for k:
+  a per-query-row and a per-head constant, both cancel exactly in the normalised ratio, so
+  they are detached from autograd. The guard against 0/0 is an eps of the dtype's smallest
+  normal number in the denominator, not an eps added to each feature: after the key shift
+  typical key features are ~1e-5, and a 1e-6 added to every feature would bias the output
+  towards uniform attention by several percent. Also because the constants cancel, the
+  global key max never lets a future key change a causal output (beyond rounding); it
+  could only underflow keys ~87 nats (float32) below the largest one, to zero.
+
+Non-causal: by associativity, S = phi(K)^T V (M x D) and z = phi(K)^T 1 first, O(N M D).
+Causal: chunked prefix sums (`causal_linear_attention`, shared by both variants): within a
+chunk of C positions the masked C x C quadratic form; across chunks the running state
+S = sum phi(k) v^T and z = sum phi(k), one (M, D) state per chunk, so memory is
+O(N (M + C) + N M D / C) per head, never N x N nor N x M x D. Plain autograd backprops
+through it with the same complexity.
+
+Accumulation dtype: float64 inputs compute in float64, everything else (bfloat16, float16,
+float32) computes features and sums in float32, and the output is cast back to q's dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .base import Variant, param
+from .registry import register
+
+# Chunk length of the causal scheme. The intra-chunk form costs 2 C (M + D) per row and
+# the state path 4 M D, so C near the feature count balances them; measured on this CPU.
+_CHUNK_LINEAR = 64
+_CHUNK_PERFORMER = 128
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; low precision and float32 accumulate in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+    """Non-causal kernelised attention from features fq, fk (B, H, N, M) and v (B, H, N, D)."""
+    kv = fk.transpose(-1, -2) @ v  # (B, H, M, D)
+    z = fk.sum(dim=-2).unsqueeze(-1)  # (B, H, M, 1)
+    return (fq @ kv) / ((fq @ z) + eps)
+
+
+def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float,
+                            chunk: int) -> torch.Tensor:
+    """Causal kernelised attention by chunked prefix sums; fq, fk (B, H, N, M), v (B, H, N, D).
+
+    o_i = sum_{j<=i} a_ij v_j / (sum_{j<=i} a_ij + eps), a_ij = fq_i . fk_j, with a_ij >= 0.
+    """
+    B, H, N, M = fq.shape
+    D = v.shape[-1]
+    C = min(chunk, N)
+    n = -(-N // C)
+    pad = n * C - N
+    if pad:  # zero keys and values add nothing to any sum; padded query rows are dropped
+        fq, fk, v = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v))
+    fq = fq.reshape(B, H, n, C, M)  # (B, H, n, C, M)
+    fk = fk.reshape(B, H, n, C, M)
+    v = v.reshape(B, H, n, C, D)  # (B, H, n, C, D)
+
+    # Within a chunk: the masked quadratic form, C x C per chunk.
+    a = torch.tril(fq @ fk.transpose(-1, -2))  # (B, H, n, C, C)
+    num = a @ v  # (B, H, n, C, D)
+    den = a.sum(dim=-1, keepdim=True)  # (B, H, n, C, 1)
+    if n > 1:
+        # State entering chunk c: sum over chunks before c. The last chunk's own state is
+        # never needed; a zero state is prepended for chunk 0.
+        kv = fk[:, :, :-1].transpose(-1, -2) @ v[:, :, :-1]  # (B, H, n-1, M, D)
+        S = F.pad(kv.cumsum(dim=2), (0, 0, 0, 0, 1, 0))  # (B, H, n, M, D)
+        z = F.pad(fk[:, :, :-1].sum(dim=-2).cumsum(dim=2), (0, 0, 1, 0))  # (B, H, n, M)
+        num = num + fq @ S
+        den = den + fq @ z.unsqueeze(-1)
+    o = num / (den + eps)
+    return o.reshape(B, H, n * C, D)[:, :, :N]  # (B, H, N, D)
+
+
+def chunked_flops(N: int, M: int, D: int, chunk: int) -> int:
+    """Forward matmul FLOPs per head of `causal_linear_attention` as implemented.
+
+    With C = min(chunk, N), n = ceil(N / C) chunks and P = n C padded rows: intra-chunk
+    scores 2 P C M and their product with v 2 P C D; chunk states 2 (n - 1) C M D; the
+    state read-out 2 P M D (numerator) + 2 P M (denominator; chunk 0 reads a zero state but
+    is computed, when n > 1). Row sums and prefix sums over chunks are not matmuls.
+    """
+    C = min(chunk, N)
+    n = -(-N // C)
+    P = n * C
+    f = 2 * P * C * M + 2 * P * C * D
+    if n > 1:
+        f += 2 * (n - 1) * C * M * D + 2 * P * M * D + 2 * P * M
+    return f
+
+
+def _attend(fq, fk, v, causal, eps, chunk):
+    if causal:
+        return causal_linear_attention(fq, fk, v, eps, chunk)
+    return linear_attention(fq, fk, v, eps)
+
+
+def _flops(N: int, M: int, D: int, causal: bool, chunk: int) -> int:
+    """Per-head forward FLOPs of the core: S = phi(K)^T V, phi(Q) S, phi(Q) z (non-causal)."""
+    if causal:
+        return chunked_flops(N, M, D, chunk)
+    return 4 * N * M * D + 2 * N * M
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearParams:
+    eps: float = param(1e-6, doc="added to the normaliser phi(q).sum_j phi(k_j)", min=0.0)
+
+
+@register
+class Linear(Variant):
+    """elu(x)+1 feature-map linear attention, O(N D^2); causal by chunked prefix sums."""
+    name = "linear"
+    family = "linear"
+    Params = LinearParams
+    paper = "https://arxiv.org/abs/2006.16236"
+
+    def feature_maps(self, q, k):
+        """phi(q), phi(k) = elu + 1 in the compute dtype, each (B, H, N, D)."""
+        dt = _compute_dtype(q.dtype)
+        return F.elu(q.to(dt)) + 1, F.elu(k.to(dt)) + 1
+
+    def attend(self, q, k, v, causal):
+        fq, fk = self.feature_maps(q, k)
+        o = _attend(fq, fk, v.to(fq.dtype), causal, self.params.eps, _CHUNK_LINEAR)
+        return o.to(q.dtype)
+
+    def flops(self, B, H, N, D, causal=False):
+        return B * H * _flops(N, D, D, causal, _CHUNK_LINEAR)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerformerParams:
+    num_features: int = param(256, doc="random features m", min=1)
+    orthogonal: bool = param(True, doc="orthogonal blocks of D features (else iid Gaussian)")
+    seed: int = param(0, doc="seed of the random features", min=0)
+    redraw: bool = param(False, doc="draw new features on every forward (by design)")
+
+
+def random_projection(m: int, D: int, orthogonal: bool, generator: torch.Generator) -> torch.Tensor:
+    """(m, D) float64 CPU rows w_r, each marginally N(0, I_D); orthogonal within blocks of D."""
+    if not orthogonal:
+        return torch.randn(m, D, generator=generator, dtype=torch.float64)
+    blocks = []
+    for _ in range(-(-m // D)):
+        g = torch.randn(D, D, generator=generator, dtype=torch.float64)
+        q, r = torch.linalg.qr(g)  # columns orthonormal
+        # Householder QR fixes signs (R's diagonal), which biases the directions; flipping
+        # columns by sign(diag R) makes Q Haar-distributed (Mezzadri 2007), so every row
+        # is a uniform direction.
+        q = q * torch.sign(torch.diagonal(r))[None, :]
+        blocks.append(q.T)
+    w = torch.cat(blocks)[:m]  # (m, D), unit rows
+    # Norms of independent Gaussian vectors (chi_D): a uniform direction times a chi_D
+    # length is exactly N(0, I_D), so each row keeps the iid marginal.
+    norms = torch.randn(m, D, generator=generator, dtype=torch.float64).norm(dim=-1)
+    return w * norms[:, None]
+
+
+@register
+class Performer(Variant):
+    """FAVOR+ positive (orthogonal) random features for the softmax kernel; causal by chunked prefix sums."""
+    name = "performer"
+    family = "linear"
+    Params = PerformerParams
+    paper = "https://arxiv.org/abs/2009.14794"
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.register_buffer("projection", None, persistent=False)
+        self._projection_key = None
+        self._calls = 0
+
+    def _projection(self, D: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        p = self.params
+        if p.redraw:
+            # A fresh draw each call by design, reproducible from (seed, call number).
+            self._calls += 1
+            g = torch.Generator().manual_seed(p.seed * 1_000_003 + self._calls)
+            return random_projection(p.num_features, D, p.orthogonal, g).to(device, dtype)
+        key = (D, device, dtype)
+        if self._projection_key != key:  # first sight of this (D, device, dtype): draw, cache
+            g = torch.Generator().manual_seed(p.seed)
+            self.projection = random_projection(p.num_features, D, p.orthogonal, g).to(device, dtype)
+            self._projection_key = key
+        return self.projection
+
+    def feature_maps(self, q, k):
+        """phi(q), phi(k) (B, H, N, m) in the compute dtype, stabilisers included."""
+        dt = _compute_dtype(q.dtype)
+        D = q.shape[-1]
+        w = self._projection(D, q.device, dt)  # (m, D)
+        scale = D ** -0.25
+        inv_sqrt_m = 1.0 / math.sqrt(w.shape[0])
+
+        def exponent(x):
+            x = x.to(dt) * scale
+            return x @ w.T - x.square().sum(dim=-1, keepdim=True) / 2  # (B, H, N, m)
+
+        uq, uk = exponent(q), exponent(k)
+        cq = uq.detach().amax(dim=-1, keepdim=True)  # per query row
+        ck = uk.detach().amax(dim=(-2, -1), keepdim=True)  # per (batch, head)
+        return torch.exp(uq - cq) * inv_sqrt_m, torch.exp(uk - ck) * inv_sqrt_m
+
+    def attend(self, q, k, v, causal):
+        fq, fk = self.feature_maps(q, k)
+        eps = torch.finfo(fq.dtype).tiny
+        o = _attend(fq, fk, v.to(fq.dtype), causal, eps, _CHUNK_PERFORMER)
+        return o.to(q.dtype)
+
+    def flops(self, B, H, N, D, causal=False):
+        m = self.params.num_features
+        projection = 2 * 2 * N * D * m  # x @ w^T for q and for k
+        return B * H * (projection + _flops(N, m, D, causal, _CHUNK_PERFORMER))
