@@ -20,6 +20,7 @@ from harness import matrix as mx
 from harness import runner
 from harness.errors import UsageError
 from harness.store import RunStore, matmul_fp32_gflops
+from harness.worker import import_extra
 
 # The narrowing flags: flag dest -> (matrix key, element type).
 _OVERRIDES = {"variants": ("variants", str), "seq_lens": ("seq_lens", int),
@@ -112,6 +113,7 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
 
 
 def run_command(args) -> int:
+    import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
     source = args.config or args.preset or "quick"
     if args.dry_run:
         return plan(source, overrides_from(args))

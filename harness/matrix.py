@@ -166,8 +166,8 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
                 errors.append(f"variant {n!r} is not in this matrix")
         for g in full:
             g["variants"] = {n: s for n, s in g["variants"].items() if n in wanted}
-    if errors:
-        raise UsageError("; ".join(errors))
+    if errors:  # top-level keys are checked once per group: report each problem once
+        raise UsageError("; ".join(dict.fromkeys(errors)))
     for g in full:
         g.pop("params")
     return {"groups": full}

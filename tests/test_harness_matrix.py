@@ -1,0 +1,104 @@
+"""The matrix: TOML checks (all problems at once), expansion by product, case ids, presets,
+and the CLI's exit-2 path that writes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import variants
+from harness import matrix as mx
+from harness.errors import UsageError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_expansion_is_a_product_with_defaults_filled_in():
+    m = mx.normalise({"variants": {"sdpa": [{}], "standard": [{}]}, "seq_lens": [256, 128],
+                      "inputs": ["gaussian", "sharp"], "passes": ["forward", "forward_backward"]})
+    cases = mx.expand(m)
+    assert len(cases) == 2 * 2 * 2 * 2
+    assert [c.seq_len for c in cases[:2]] == [128, 256]  # ascending within a series
+    assert len({c.case_id for c in cases}) == len(cases)
+
+
+def test_params_are_full_sorted_json_and_ids_stable():
+    name = "nystrom" if "nystrom" in variants.names() else None
+    if name is None:
+        pytest.skip("nystrom is not registered")
+    m = mx.normalise({"variants": {"nystrom": [{"num_landmarks": 8}]}, "seq_lens": [64]})
+    (case,) = mx.expand(m)
+    full = json.loads(case.params)
+    assert full["num_landmarks"] == 8 and set(full) == set(variants.spec("nystrom").defaults)
+    assert list(full) == sorted(full)
+    again = mx.expand(mx.normalise({"variants": {"nystrom": [{"num_landmarks": 8}]},
+                                    "seq_lens": [64], "timeout_s": 5}))
+    assert again[0].case_id == case.case_id  # run settings are not part of the key
+
+
+def test_all_means_every_public_variant_and_groups_union():
+    m = mx.normalise({"variants": "all", "seq_lens": [64],
+                      "groups": [{"inputs": ["gaussian"]}, {"inputs": ["gaussian", "local"]}]})
+    cases = mx.expand(m)
+    public = [n for n in variants.names() if not n.startswith("_")]
+    assert sorted({c.variant for c in cases}) == sorted(public)
+    assert len(cases) == 2 * sum(len(s) for s in m["groups"][0]["variants"].values())
+
+
+def test_every_problem_is_reported_at_once():
+    raw = {"variants": {"no_such_variant": [{}], "sdpa": [{"bogus": 1}]}, "dtypes": ["float33"],
+           "devices": ["tpu"], "inputs": ["uniform"], "passes": ["sideways"], "colour": "red",
+           "seq_lens": [0]}
+    with pytest.raises(UsageError) as e:
+        mx.normalise(raw)
+    msg = str(e.value)
+    for part in ("no_such_variant", "bogus", "float33", "tpu", "uniform", "sideways", "colour",
+                 "seq_lens", "registered: standard"):
+        assert part in msg, part
+    assert "\n" not in msg
+
+
+def test_narrowing_overrides():
+    m = mx.normalise({"variants": "all", "seq_lens": [64, 128]},
+                     {"variants": ["sdpa"], "seq_lens": [32], "passes": ["forward_backward"]})
+    cases = mx.expand(m)
+    assert {(c.variant, c.seq_len, c.pass_) for c in cases} == {("sdpa", 32, "forward_backward")}
+    with pytest.raises(UsageError, match="unknown variant 'nope'"):
+        mx.normalise({"variants": "all"}, {"variants": ["nope"]})
+
+
+@pytest.mark.parametrize("preset", ["quick", "cpu", "gpu"])
+def test_presets_load(preset):
+    raw = mx.read_toml(preset)
+    missing = [n for n in raw.get("params", {}) if n not in variants.names()]
+    if missing:
+        pytest.skip(f"preset names variants not registered yet: {', '.join(missing)}")
+    _, cases = mx.load(preset)
+    assert cases
+
+
+def _cli(tmp_path, *args):
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    r = subprocess.run([sys.executable, "run_bench.py", "run", "--results-dir", str(tmp_path / "res"),
+                        "--run-id", "x", *args], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    return r, before, after
+
+
+@pytest.mark.parametrize("toml, expect", [
+    ("variants = [\"sdpa\"\nseq_lens = [", "malformed TOML"),
+    ("variants = [\"no_such_variant\"]", "unknown variant 'no_such_variant'; registered: standard"),
+    ("variants = {sdpa = [{window = 3}]}", "sdpa: unknown parameter(s) 'window'"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, toml, expect):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(toml)
+    r, before, after = _cli(tmp_path, "--config", str(cfg))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and expect in r.stderr, r.stderr
+    assert r.stdout == "" and before == after
