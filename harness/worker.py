@@ -96,6 +96,7 @@ def _measure(case: Case, module, q, k, v, device) -> dict:
         fn()  # warm-up; its gradients are checked
         if not all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)):
             return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
+        q.grad = k.grad = v.grad = None  # freed before the memory probe's baseline
     else:
         fn = timing.forward_fn(module, q, k, v, case.causal)
         fn()  # warm-up

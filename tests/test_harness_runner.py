@@ -133,3 +133,18 @@ def test_resume_refuses_another_matrix_and_a_foreign_folder(tmp_path):
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="not an attnbench run"):
         RunStore(tmp_path / "other").check(a)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA is not available")
+def test_cuda_cases_measure_time_memory_and_error(tmp_path):
+    m = mx.normalise({"variants": ["standard", "sdpa"], "seq_lens": [1024], "devices": ["cuda"],
+                      "dtypes": ["float16", "float32"], "passes": ["forward", "forward_backward"],
+                      "min_run_time_s": 0.05, "min_repeats": 3})
+    cases = mx.expand(m)
+    store = RunStore(tmp_path / "gpu")
+    counts = runner.run(m, cases, store, resume=False)
+    assert counts["ok"] == len(cases), _rows(store.folder)
+    for r in _rows(store.folder):
+        assert float(r["peak_mem_mib"]) > 0 and float(r["time_ms"]) > 0
+        assert float(r["rel_err"]) < (1e-2 if r["dtype"] == "float16" else 1e-4)
