@@ -1,0 +1,208 @@
+"""sliding_window and block_sparse: exact softmax restricted to their pattern, at O(N) cost.
+
+Ground truth is the float64 chunked reference with the variant's own key mask; a fast
+path's error must be at most twice the plain same-dtype implementation's, plus a floor
+(flash-attention's rule). Small N, fixed seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import variants
+from variants import block_sparse as _bs  # noqa: F401  (registers the variants)
+from variants import sliding_window as _sw  # noqa: F401
+from variants.reference import dense_mask, exact_reference, naive_attention
+
+CASES = [
+    ("sliding_window", dict(window=0)),
+    ("sliding_window", dict(window=7)),
+    ("sliding_window", dict(window=40)),
+    ("block_sparse", dict(block_size=16)),
+    ("block_sparse", dict(block_size=7, window_blocks=2, global_blocks=1, random_blocks=2)),
+    ("block_sparse", dict(block_size=8, global_blocks=0, random_blocks=1, seed=3)),
+]
+IDS = [f"{n}-" + "-".join(f"{k}{v}" for k, v in p.items()) for n, p in CASES]
+
+
+def qkv(N, dtype=torch.float32, B=1, H=2, D=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = torch.randn(3, B, H, N, D, generator=g).unbind(0)  # each (B, H, N, D)
+    return tuple(t.to(dtype) for t in (q, k, v))
+
+
+def max_err(x, ref):
+    return (x.double() - ref).abs().max().item()
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+@pytest.mark.parametrize("N", [1, 63, 100])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_masked_reference_and_sdpa(name, params, N, causal, dtype):
+    m = variants.build(name, **params)
+    q, k, v = qkv(N, dtype)
+    o = m(q, k, v, causal)
+    assert o.shape == q.shape and o.dtype == dtype
+    mask = m.key_mask(N)
+    ref = exact_reference(q, k, v, causal, key_mask=mask)
+    naive_err = max_err(naive_attention(q, k, v, causal, key_mask=mask), ref)
+    floor = torch.finfo(dtype).eps
+    assert max_err(o, ref) <= 2 * naive_err + floor
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(N, causal, mask))
+    assert (o.double() - sdpa.double()).abs().max().item() <= (
+        2 * naive_err + max_err(sdpa, ref) + floor)
+
+
+@pytest.mark.parametrize("name,params", CASES[1:4:2], ids=IDS[1:4:2])
+def test_long_odd_length(name, params):
+    N = 1000
+    m = variants.build(name, **params)
+    q, k, v = qkv(N, B=1, H=1)
+    ref = exact_reference(q, k, v, True, key_mask=m.key_mask(N))
+    naive_err = max_err(naive_attention(q, k, v, True, key_mask=m.key_mask(N)), ref)
+    assert max_err(m(q, k, v, True), ref) <= 2 * naive_err + torch.finfo(q.dtype).eps
+
+
+@pytest.mark.parametrize("name,params", [
+    ("sliding_window", dict(window=100)), ("sliding_window", dict(window=10_000)),
+    ("block_sparse", dict(block_size=16, window_blocks=7)),
+    ("block_sparse", dict(block_size=32, global_blocks=4, random_blocks=0)),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_full_pattern_is_exact_attention(name, params, causal):
+    N = 100
+    m = variants.build(name, **params)
+    assert bool(dense_mask(N, False, m.key_mask(N)).all())
+    q, k, v = qkv(N)
+    ref = exact_reference(q, k, v, causal)
+    naive_err = max_err(naive_attention(q, k, v, causal), ref)
+    assert max_err(m(q, k, v, causal), ref) <= 2 * naive_err + torch.finfo(q.dtype).eps
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=IDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_matches_float64_reference(name, params, causal):
+    N = 37
+    m = variants.build(name, **params)
+    mask = m.key_mask(N)
+    inputs = [t.requires_grad_(True) for t in qkv(N, torch.float64)]
+    ref_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    go = torch.randn(inputs[0].shape, dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(1))
+    m(*inputs, causal).backward(go)
+    exact_reference(*ref_inputs, causal, key_mask=mask).backward(go)
+    for got, want in zip(inputs, ref_inputs):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-9, atol=1e-10)
+
+
+# -- block_sparse layout -------------------------------------------------------------------
+
+def bigbird_rule(nb, window_blocks, global_blocks):
+    """Window and global parts of BigBird's layout, entry by entry."""
+    fixed = torch.zeros(nb, nb, dtype=torch.bool)
+    for i in range(nb):
+        for j in range(nb):
+            fixed[i, j] = abs(i - j) <= window_blocks or i < global_blocks or j < global_blocks
+    return fixed
+
+
+@pytest.mark.parametrize("N,params", [
+    (64 * 32, {}), (1000, dict(block_size=16, window_blocks=2, global_blocks=1)),
+    (100, dict(block_size=16, random_blocks=5)), (1, {}),
+])
+def test_layout_follows_bigbird_rule(N, params):
+    m = variants.build("block_sparse", **params)
+    p = m.params
+    nb = math.ceil(N / p.block_size)
+    lay = m.layout(N)
+    assert lay.shape == (nb, nb) and lay.dtype == torch.bool
+    fixed = bigbird_rule(nb, p.window_blocks, p.global_blocks)
+    assert bool((lay >= fixed).all())  # every window and global block is in
+    extra = lay & ~fixed
+    for i in range(nb):
+        expect = 0 if i < p.global_blocks else min(p.random_blocks, int((~fixed[i]).sum()))
+        assert int(extra[i].sum()) == expect, f"row {i}"
+    # The token predicate is the layout, read at block granularity.
+    tok = dense_mask(N, False, m.key_mask(N))
+    ar = torch.arange(N) // p.block_size
+    assert torch.equal(tok, lay[ar[:, None], ar[None, :]])
+
+
+def test_layout_random_blocks_are_seeded():
+    N = 64 * 40
+    a = variants.build("block_sparse").layout(N)
+    assert torch.equal(a, variants.build("block_sparse").layout(N))
+    assert torch.equal(a, variants.build("block_sparse", seed=0).layout(N))
+    assert not torch.equal(a, variants.build("block_sparse", seed=1).layout(N))
+
+
+def test_flops_count_layout_blocks():
+    m = variants.build("block_sparse", block_size=16)
+    lay = m.layout(1000)
+    assert m.flops(2, 3, 1000, 8) == 4 * 2 * 3 * int(lay.sum()) * 16 * 16 * 8
+    assert m.flops(2, 3, 1000, 8, causal=True) == 4 * 2 * 3 * int(lay.tril().sum()) * 16 * 16 * 8
+    sw = variants.build("sliding_window", window=256)
+    # Linear in N once N is past the window.
+    assert sw.flops(1, 8, 16384, 64) == 2 * sw.flops(1, 8, 8192, 64)
+    assert variants.spec("sliding_window").pattern_exact
+    assert variants.spec("block_sparse").pattern_exact
+
+
+# -- sliding_window band against xformers' definition ---------------------------------------
+
+@pytest.mark.parametrize("N,window", [(1, 0), (17, 0), (63, 5), (100, 31), (40, 100)])
+def test_band_matches_xformers_local_mask(N, window):
+    attn_bias = pytest.importorskip(
+        "xformers.ops.fmha.attn_bias",
+        reason="xformers not installed (optional extra; runs on CUDA only)")
+    # Additive bias: 0 where allowed, -inf elsewhere; square shape, so i - left <= j <= i + right.
+    bias = attn_bias.LocalAttentionFromBottomRightMask(window, window).materialize((N, N))
+    m = variants.build("sliding_window", window=window)
+    assert torch.equal(bias == 0, dense_mask(N, False, m.key_mask(N)))
+
+
+# -- memory structure: nothing of N x N size, forward or backward -----------------------------
+
+class _LargestOutput(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an aten op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("name,params", [
+    ("sliding_window", dict(window=32)),
+    ("block_sparse", dict(block_size=16)),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_n_by_n_tensor(name, params, causal):
+    N = 2048
+    m = variants.build(name, **params)
+    q, k, v = (t.requires_grad_(True) for t in qkv(N, B=1, H=1, D=16))
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    mode = _LargestOutput()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mode:
+        m(q, k, v, causal).sum().backward()
+    # Each query scores <= ~130 keys here; an N x N implementation makes (and saves for
+    # backward) at least one tensor of N * N = 4.2M elements.
+    assert mode.largest < N * N // 16
+    assert sum(saved) < N * N // 2

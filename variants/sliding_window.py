@@ -1,0 +1,143 @@
+"""Sliding-window attention: exact softmax over keys |i - j| <= window, (B, H, N, D) in O(N w D).
+
+Longformer's local attention (Beltagy et al. 2020, https://arxiv.org/abs/2004.05150), without
+its global tokens: query i sees key j iff i - window <= j <= i + window (causal: and j <= i).
+
+Blocked scheme: queries are split into chunks of c rows; chunk [s, s + c) scores the
+contiguous key span [s - w, s + c + w) (causal: [s - w, s + c)), taken as an `unfold` view
+of the zero-padded keys, and the band is masked inside that small (c, L) block. Scores,
+softmax and the value matmul all live in (B, H, N / c, c, L) tensors with L = c + 2w (causal
+c + w), so time and memory, forward and (plain autograd) backward, are O(N (c + 2w) D):
+never an N x N matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .base import KeyMask, Variant, param, softmax_scale
+from .registry import register
+
+# Query-chunk rows: near the window (so the span wastes at most ~1/2 of the band's work),
+# within these bounds (small chunks mean many tiny matmuls; large ones waste band work).
+# Tuned on the 2-core AVX-512 CPU at window=256, N=4096..16384 (see the tuning notes in
+# the module's tests' history / final report).
+_MIN_CHUNK, _MAX_CHUNK = 32, 256
+# Bytes of one group's score block.
+_GROUP_BYTES = 2 * 2**20
+# Lengths whose band masks a module keeps (each is N (c + 2w) bytes).
+_CACHED_MASKS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SlidingWindowParams:
+    window: int = param(256, doc="keys on each side a query sees (|i - j| <= window)", min=0)
+
+
+def band_mask(window: int) -> KeyMask:
+    """The key predicate i - window <= j <= i + window."""
+    def allowed(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        d = j[None, :] - i[:, None]  # (c, n)
+        return (d >= -window) & (d <= window)
+    return allowed
+
+
+def chunk_rows(window: int, N: int) -> int:
+    """Query rows per chunk for this window and length."""
+    c = min(max(window, _MIN_CHUNK), _MAX_CHUNK)
+    return max(1, min(c, N))
+
+
+@register
+class SlidingWindow(Variant):
+    """Exact softmax attention restricted to a band |i - j| <= window (Longformer's local part)."""
+    name = "sliding_window"
+    family = "sliding_window"
+    Params = SlidingWindowParams
+    paper = "https://arxiv.org/abs/2004.05150"
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self._masks: dict[tuple, torch.Tensor] = {}
+
+    def _window(self, N: int) -> int:
+        # A band wider than the sequence is the full matrix; clamp so spans stay <= ~3N.
+        return min(self.params.window, max(N - 1, 0))
+
+    def _span(self, N: int, causal: bool) -> tuple[int, int, int]:
+        """(window w, chunk rows c, keys scored per chunk L) at length N."""
+        w = self._window(N)
+        c = chunk_rows(w, N)
+        return w, c, c + w + (0 if causal else w)
+
+    def key_mask(self, seq_len: int) -> KeyMask:
+        return band_mask(self.params.window)
+
+    def flops(self, B, H, N, D, causal=False):
+        """FLOPs of the blocked scheme as computed: every chunk scores its whole key span.
+
+        ceil(N / c) chunks x c queries x L keys, q k^T and p v: 4 c L D per chunk and head.
+        This counts the work done (band plus the masked corners and padding of each block),
+        not only the band's (2w + 1) keys per query; it is about (c + 2w) / (2w + 1) times
+        the band count (causal: (c + w) / (w + 1)).
+        """
+        if N == 0:
+            return 0
+        _, c, L = self._span(N, causal)
+        return 4 * B * H * math.ceil(N / c) * c * L * D
+
+    def attend(self, q, k, v, causal):
+        B, H, N, D = q.shape
+        if N == 0:
+            return q.clone()
+        w, c, L = self._span(N, causal)
+        nc = math.ceil(N / c)
+        pad_q = nc * c - N
+        # Keys/values padded so chunk t's span starts at padded index t * c (= token t c - w).
+        right = nc * c - N + (0 if causal else w)
+        kp = F.pad(k, (0, 0, w, right))  # (B, H, w + nc c [+ w], D)
+        vp = F.pad(v, (0, 0, w, right))
+        kw = kp.unfold(2, L, c)  # (B, H, nc, D, L): a view, no copy
+        vw = vp.unfold(2, L, c).transpose(-1, -2)  # (B, H, nc, L, D)
+        # The scale goes on q (N D products) rather than on the scores (N L).  (B, H, nc, c, D)
+        qc = F.pad(q * softmax_scale(D), (0, 0, 0, pad_q)).view(B, H, nc, c, D)
+
+        drop = self._drop_mask(N, causal, q.device)  # (nc, c, L)
+        # Chunks are processed a group at a time so each score block stays cache-sized;
+        # `split` (not indexing) keeps the backward one concatenation, not one full-size
+        # zero gradient per group.
+        G = max(1, _GROUP_BYTES // (B * H * c * L * q.element_size()))
+        outs = []
+        for qg, kg, vg, dg in zip(qc.split(G, 2), kw.split(G, 2), vw.split(G, 2),
+                                  drop.split(G, 0)):
+            s = qg @ kg  # (B, H, G, c, L)
+            s = s.masked_fill_(dg, float("-inf"))  # matmul saves its inputs, not s
+            outs.append(torch.softmax(s, dim=-1) @ vg)  # (B, H, G, c, D)
+        o = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # (B, H, nc, c, D)
+        return o.reshape(B, H, nc * c, D)[:, :, :N]
+
+    def _drop_mask(self, N: int, causal: bool, device: torch.device) -> torch.Tensor:
+        """Bool (nc, c, L), cached per length: True where a chunk's span column is masked.
+
+        Query row a of chunk t is token t c + a; span column b is token t c - w + b, so
+        j - i = b - a - w. Masked: outside the band (causal: j > i) or a padded key. The
+        diagonal (b = a + w) is kept even for padded query rows, so that no row is all
+        -inf (which would put NaN in the backward pass).
+        """
+        key = (N, causal, device)
+        if key not in self._masks:
+            w, c, L = self._span(N, causal)
+            nc = math.ceil(N / c)
+            rel = torch.arange(L)[None, :] - torch.arange(c)[:, None] - w  # (c, L): j - i
+            band = (rel >= -w) & (rel <= (0 if causal else w))
+            tok = torch.arange(nc)[:, None] * c - w + torch.arange(L)  # (nc, L): key token
+            real = (tok >= 0) & (tok < N)
+            keep = band & (real[:, None, :] | (rel == 0))
+            if len(self._masks) >= _CACHED_MASKS:
+                self._masks.pop(next(iter(self._masks)))
+            self._masks[key] = (~keep).to(device)
+        return self._masks[key]
