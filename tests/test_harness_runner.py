@@ -93,7 +93,7 @@ def test_error_columns(mixed_run):
 
 def test_killed_run_resumes_without_loss_or_duplication(tmp_path):
     cfg = tmp_path / "m.toml"
-    cfg.write_text('variants = ["sdpa"]\nseq_lens = [64, 128, 256, 512]\nheads = 1\n'
+    cfg.write_text('variants = ["sdpa"]\nseq_lens = [64, 256]\nheads = 1\n'
                    'inputs = ["gaussian", "sharp", "local"]\npasses = ["forward", "forward_backward"]\n'
                    "min_run_time_s = 0.02\nmin_repeats = 3\n")
     cmd = [sys.executable, "run_bench.py", "run", "--config", str(cfg), "--results-dir",
@@ -108,7 +108,7 @@ def test_killed_run_resumes_without_loss_or_duplication(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = _rows(folder)
-    assert 3 <= len(before) < 24
+    assert 3 <= len(before) < 12
     with (folder / "results.csv").open("a") as f:
         f.write("deadbeef,sdpa,exa")  # a row cut off mid-write
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -116,7 +116,7 @@ def test_killed_run_resumes_without_loss_or_duplication(tmp_path):
     assert "done earlier" in r.stdout
     after = _rows(folder)
     ids = [row["case_id"] for row in after]
-    assert len(after) == 24 and len(set(ids)) == 24
+    assert len(after) == 12 and len(set(ids)) == 12
     assert after[:len(before)] == before
 
 
