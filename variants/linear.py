@@ -87,10 +87,11 @@ def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
     den = a.sum(dim=-1, keepdim=True)  # (B, H, n, C, 1)
     if n > 1:
         # State entering chunk c: sum over the chunks before it (chunk 0 enters with zero).
-        # The last chunk's own state is never needed.
-        kv = fk[:, :, :-1].transpose(-1, -2) @ v[:, :, :-1]  # (B, H, n-1, M, D)
+        # The last chunk's own state is computed though unused: slicing it off would make
+        # strided operands that matmul copies first.
+        kv = fk.transpose(-1, -2) @ v  # (B, H, n, M, D)
         S = _ExclusivePrefixSum.apply(kv)  # (B, H, n, M, D)
-        z = _ExclusivePrefixSum.apply(fk[:, :, :-1].sum(dim=-2))  # (B, H, n, M)
+        z = _ExclusivePrefixSum.apply(fk.sum(dim=-2))  # (B, H, n, M)
         num = num + fq @ S
         den = den + fq @ z.unsqueeze(-1)
     o = num / (den + eps)
@@ -98,7 +99,7 @@ def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
 
 
 class _ExclusivePrefixSum(torch.autograd.Function):
-    """(B, H, n-1, ...) -> (B, H, n, ...): out[:, :, c] = sum of x[:, :, :c] (out[:, :, 0] = 0).
+    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, :c]; out[:, :, 0] = 0.
 
     torch.cumsum along a middle dimension runs strided, ~6x slower than one elementwise
     pass over the tensor on this CPU; a loop of n contiguous adds is one pass, forward and
@@ -107,18 +108,20 @@ class _ExclusivePrefixSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        out = x.new_empty(x.shape[:2] + (x.shape[2] + 1,) + x.shape[3:])
+        out = torch.empty_like(x)
         out[:, :, 0].zero_()
-        for c in range(x.shape[2]):
+        for c in range(x.shape[2] - 1):
             torch.add(out[:, :, c], x[:, :, c], out=out[:, :, c + 1])
         return out
 
     @staticmethod
     def backward(ctx, g):
-        gx = g.new_empty(g.shape[:2] + (g.shape[2] - 1,) + g.shape[3:])
-        last = gx.shape[2] - 1
-        gx[:, :, last] = g[:, :, last + 1]
-        for c in range(last - 1, -1, -1):
+        # x[c] reaches out[c+1:], so gx[c] = sum of g[c+1:], a reverse scan.
+        g = g.contiguous()
+        gx = torch.empty_like(g)
+        n = g.shape[2]
+        gx[:, :, n - 1].zero_()
+        for c in range(n - 2, -1, -1):
             torch.add(gx[:, :, c + 1], g[:, :, c + 1], out=gx[:, :, c])
         return gx
 
@@ -127,16 +130,19 @@ def chunked_flops(N: int, M: int, D: int, chunk: int) -> int:
     """Forward matmul FLOPs per head of `causal_linear_attention` as implemented.
 
     With C = min(chunk, N), n = ceil(N / C) chunks and P = n C padded rows: intra-chunk
-    scores 2 P C M and their product with v 2 P C D; chunk states 2 (n - 1) C M D; the
-    state read-out 2 P M D (numerator) + 2 P M (denominator; chunk 0 reads a zero state but
-    is computed, when n > 1). Row sums and prefix sums over chunks are not matmuls.
+    scores 2 P C M and their product with v 2 P C D; when n > 1, chunk states 2 P M D (the
+    last chunk's is computed, unused) and the state read-out 2 P M D (numerator) + 2 P M
+    (denominator; chunk 0 reads a zero state). Row sums and prefix sums are not matmuls.
+    Per row that is 2 C (M + D) + 4 M D + 2 M against 4 M D + 2 M non-causal: the causal
+    form costs MORE matmul FLOPs than the non-causal one (the C x C block is computed whole
+    and masked), unlike exact attention, where causal counts half.
     """
     C = min(chunk, N)
     n = -(-N // C)
     P = n * C
     f = 2 * P * C * M + 2 * P * C * D
     if n > 1:
-        f += 2 * (n - 1) * C * M * D + 2 * P * M * D + 2 * P * M
+        f += 4 * P * M * D + 2 * P * M
     return f
 
 
