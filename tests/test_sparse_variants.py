@@ -15,8 +15,6 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import variants
-from variants import block_sparse as _bs  # noqa: F401  (registers the variants)
-from variants import sliding_window as _sw  # noqa: F401
 from variants.reference import dense_mask, exact_reference, naive_attention
 
 CASES = [

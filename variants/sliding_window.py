@@ -22,11 +22,12 @@ import torch.nn.functional as F
 from .base import KeyMask, Variant, param, softmax_scale
 from .registry import register
 
-# Query-chunk rows: near the window (so the span wastes at most ~1/2 of the band's work),
-# within these bounds (small chunks mean many tiny matmuls; large ones waste band work).
-# Tuned on the 2-core AVX-512 CPU at window=256, N=4096..16384 (see the tuning notes in
-# the module's tests' history / final report).
-_MIN_CHUNK, _MAX_CHUNK = 32, 256
+# Query-chunk rows: half the window, within these bounds. A chunk scores c + 2w keys per
+# query against the band's 2w + 1, so smaller chunks waste less work; below ~32 rows the
+# matmuls get too small to run fast. At window=256 on the 2-core machine, c = 64, 128 and
+# 256 timed within noise of each other (forward and forward+backward, N=8192); 128 wastes
+# 1.25x of the band's work where 256 wastes 1.5x.
+_MIN_CHUNK, _MAX_CHUNK = 32, 128
 # Bytes of one group's score block.
 _GROUP_BYTES = 2 * 2**20
 # Lengths whose band masks a module keeps (each is N (c + 2w) bytes).
@@ -48,7 +49,7 @@ def band_mask(window: int) -> KeyMask:
 
 def chunk_rows(window: int, N: int) -> int:
     """Query rows per chunk for this window and length."""
-    c = min(max(window, _MIN_CHUNK), _MAX_CHUNK)
+    c = min(max(window // 2, _MIN_CHUNK), _MAX_CHUNK)
     return max(1, min(c, N))
 
 
