@@ -129,10 +129,12 @@ def run_default() -> Path:
 def plan(source: str, overrides: dict) -> int:
     """Print the cases, their declared skips and a rough time estimate; run nothing.
 
-    Estimate per case: 0.5 s of overhead, the float64 reference at a quarter of the
-    measured fp32 matmul rate, and 3 + max(min_repeats + 1, min_run_time / t) calls of
-    t = flops / (0.25 * matmul rate), each case capped at its timeout. The memory guard's
-    extrapolated refusals need measured peaks, so they are not known here.
+    Estimate per case (compute-bound, so a lower bound for variants far below their FLOP
+    rate): 0.5 s of overhead, the float64 reference at a quarter of the measured fp32
+    matmul rate, and the worker's calls (error pass, a warm-up when backward, the memory
+    probe, then max(min_repeats, min_run_time / t + 1) timed) of t = flops / (0.25 * matmul
+    rate), capped at the case's timeout. The memory guard's extrapolated refusals need
+    measured peaks, so they are not known here.
     """
     _, cases = mx.load(source, overrides)
     rate = matmul_fp32_gflops(cases[0].threads if cases else 1) * 1e9
@@ -148,10 +150,12 @@ def plan(source: str, overrides: dict) -> int:
         t = flops / (0.25 * rate)
         rows = min(case.seq_len, case.err_rows)
         ref = 4 * case.batch * case.heads * rows * case.seq_len * case.head_dim / (0.25 * rate)
-        est = 0.5 + ref + t * (3 + max(case.min_repeats + 1, case.min_run_time_s / max(t, 1e-9)))
+        calls = (3 if case.backward else 2) + max(case.min_repeats,
+                                                  case.min_run_time_s / max(t, 1e-9) + 1)
+        est = 0.5 + ref + t * calls
         total_s += min(est, case.timeout_s)
     print(f"{len(cases)} cases; {skipped} skipped as declared unsupported; "
-          f"{len(cases) - skipped} to run, rough estimate {total_s / 60:.1f} min "
+          f"{len(cases) - skipped} to run, compute-bound estimate {total_s / 60:.1f} min "
           f"(fp32 matmul {rate / 1e9:.0f} GFLOP/s here)")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")

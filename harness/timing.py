@@ -25,13 +25,21 @@ class Timing:
 
 
 def time_call(fn: Callable[[], object], *, min_run_time: float = 0.2, min_repeats: int = 5,
-              warmup: int = 1) -> Timing:
-    """Time fn() after `warmup` untimed calls."""
+              warmup: int = 1, call_s: float | None = None) -> Timing:
+    """Time fn() after `warmup` untimed calls.
+
+    call_s: a rough duration of one call seen before (untimed). When min_repeats such calls
+    already fill min_run_time, the calls are timed one by one (Timer.timeit(1)), which
+    spares blocked_autorange's calibration calls on slow cases.
+    """
     for _ in range(warmup):
         fn()
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
                             num_threads=torch.get_num_threads())
-    times = list(timer.blocked_autorange(min_run_time=min_run_time).times)
+    if call_s is not None and call_s * min_repeats >= min_run_time:
+        times = []
+    else:
+        times = list(timer.blocked_autorange(min_run_time=min_run_time).times)
     while len(times) < min_repeats:
         times += timer.timeit(number=1).times
     return summarise(times)

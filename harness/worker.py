@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -98,11 +99,12 @@ def _measure(case: Case, module, q, k, v, device) -> dict:
             return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
         q.grad = k.grad = v.grad = None  # freed before the memory probe's baseline
     else:
-        fn = timing.forward_fn(module, q, k, v, case.causal)
-        fn()  # warm-up
+        fn = timing.forward_fn(module, q, k, v, case.causal)  # the error pass warmed it up
+    start = time.perf_counter()
     peak = memory.peak_mib(fn, device)
+    call_s = time.perf_counter() - start
     t = timing.time_call(fn, min_run_time=case.min_run_time_s, min_repeats=case.min_repeats,
-                         warmup=0)
+                         warmup=0, call_s=call_s)
     return _result("ok", "", time_ms=t.time_ms, time_ms_iqr=t.time_ms_iqr, repeats=t.repeats,
                    peak_mem_mib=peak, **errors)
 
