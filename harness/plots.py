@@ -7,6 +7,7 @@ so no global backend or figure state is touched and no display is needed.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -62,11 +63,21 @@ def _log_axes(ax, xbase: int = 10) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
 
 
+def _ticks_125(axis) -> None:
+    """Log ticks at 1, 2 and 5 per decade, so a range under one decade still gets labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=12))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
 def _legend(fig, palette: dict, ncols: int) -> None:
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], color=c, marker="o", markersize=4) for c in palette.values()]
-    fig.legend(handles, list(palette), loc="center left", fontsize=7, frameon=False,
+    # Labels carry every parameter; wrap them so the legend fits its column.
+    names = [textwrap.fill(name, 48, subsequent_indent="  ") for name in palette]
+    fig.legend(handles, names, loc="center left", fontsize=7, frameon=False,
                bbox_to_anchor=(PANEL_IN[0] * ncols / (PANEL_IN[0] * ncols + LEGEND_IN), 0.5))
 
 
@@ -140,6 +151,8 @@ def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path) -> Path:
                     ax.annotate(row["line"], (row["time_ms"], row["rel_err"]), fontsize=6,
                                 xytext=(3, 3), textcoords="offset points")
             _log_axes(ax)
+            _ticks_125(ax.xaxis)
+            ax.tick_params(axis="x", labelsize=7)
             ax.set_title(f"N = {n} · {inp}", fontsize=9)
             ax.set_xlabel("time (ms)")
             ax.set_ylabel("relative error" if c == 0 else "")
@@ -169,10 +182,12 @@ def gflops_plot(df: pd.DataFrame, matmul_gflops: float | None, path: Path) -> Pa
     if matmul_gflops:
         ax.axvline(matmul_gflops, color="black", linestyle="--", linewidth=1)
         ax.annotate(f"fp32 matmul {matmul_gflops:.0f} GFLOP/s", (matmul_gflops, 1),
-                    xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7,
-                    xycoords=("data", "axes fraction"))
+                    xytext=(-3, -3), textcoords="offset points", ha="right", va="top",
+                    fontsize=7, xycoords=("data", "axes fraction"))
     ax.set_xlabel("achieved GFLOP/s (analytic FLOPs / median time; best over lengths)")
     ax.set_ylabel("")
+    ax.set_yticks(ax.get_yticks(), [textwrap.fill(t.get_text(), 36, subsequent_indent="  ")
+                                    for t in ax.get_yticklabels()])
     ax.tick_params(axis="y", labelsize=7)
     ax.grid(True, axis="x", alpha=0.3)
     fig.subplots_adjust(left=0.38, right=0.97, bottom=0.6 / (h / DPI), top=1 - 0.3 / (h / DPI))

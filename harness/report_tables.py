@@ -112,7 +112,7 @@ def crossover_table(group: pd.DataFrame) -> pd.DataFrame:
     """Per label: from which N it is faster / lighter than each exact path, in one setting."""
     ok = ok_rows(group)
     rows = []
-    for label in label_order(group):
+    for label in label_order(ok):
         mine = ok[ok["label"] == label].set_index("seq_len")
         row = {"variant": label}
         for ref in EXACT_PATHS:

@@ -1,7 +1,5 @@
 """compare: planted slowdowns are flagged, noise and small changes are not, unmatched cases listed."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -103,14 +101,15 @@ def test_no_common_case_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.skipif(not (REPO / "harness" / "cli_run.py").exists(), reason="no cli_run yet")
-def test_cli_exit_codes(tmp_path):
+def test_cli_exit_codes(tmp_path, capsys):
+    """Through run_bench.main, the path `python run_bench.py compare` takes."""
+    import run_bench
+
     slow = [row(r["variant"], r["seq_len"], time_ms=3 * r["time_ms"]) for r in _base()]
-    a, bdir = _runs(tmp_path, slow)
-    run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "run_bench.py", "compare", *map(str, args)], cwd=REPO,
-        capture_output=True, text=True, timeout=120)
-    p = run(a, bdir, "--fail-on-regression")
-    assert p.returncode == 1 and "6 regression(s)" in p.stdout
-    other = write_run(tmp_path / "c", [row("sdpa", 8192)])
-    p = run(a, other)
-    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no case in common" in p.stderr
+    a, bdir = (str(p) for p in _runs(tmp_path, slow))
+    assert run_bench.main(["compare", a, bdir, "--fail-on-regression"]) == 1
+    assert "6 regression(s)" in capsys.readouterr().out
+    assert run_bench.main(["compare", a, bdir]) == 0
+    assert run_bench.main(["compare", bdir, a, "--fail-on-regression"]) == 0  # improvements
+    assert run_bench.main(["compare", a, bdir, "--threshold", "-5"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

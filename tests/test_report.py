@@ -2,8 +2,6 @@
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -144,16 +142,24 @@ def test_a_run_with_no_ok_case_still_reports(tmp_path):
     assert "boom" in _section(md, "Cases not measured")
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "run_bench.py", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.skipif(not (REPO / "harness" / "cli_run.py").exists(), reason="no cli_run yet")
-def test_cli_bad_folders_exit_2_with_one_line(tmp_path):
-    bad = write_run(tmp_path / "bad", [{k: v for k, v in r.items() if k != "flops"}
-                                      for r in synthetic_rows((512,))])
-    for folder, words in ((tmp_path, "not a results folder"), (bad, "flops")):
-        p = _cli("report", folder)
-        assert p.returncode == 2, p.stderr
-        assert p.stderr.count("\n") == 1 and words in p.stderr
+@pytest.mark.parametrize("case", ["not a folder", "no results files", "missing column",
+                                  "no common case"])
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
+    """Through run_bench.main, the path `python run_bench.py report|compare` takes."""
+    import run_bench
+
+    good = write_run(tmp_path / "good", synthetic_rows((512,)))
+    argv, words = {
+        "not a folder": (["report", tmp_path / "nope"], "not a folder"),
+        "no results files": (["report", tmp_path], "not a results folder"),
+        "missing column": (["report", write_run(tmp_path / "bad", [
+            {k: v for k, v in r.items() if k != "flops"} for r in synthetic_rows((512,))])],
+            "lacks column(s): flops"),
+        "no common case": (["compare", good, write_run(tmp_path / "other",
+                                                       synthetic_rows((1024,)))],
+                           "no case in common"),
+    }[case]
+    assert run_bench.main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and err.startswith("run_bench.py: error:")
