@@ -1,11 +1,16 @@
 """The float64 reference against independent computations."""
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from harness.memory import MALLOC_ENV
 from variants import dense_mask, exact_reference, naive_attention
 
 
@@ -65,3 +70,24 @@ def test_low_precision_inputs_are_upcast_not_rounded():
     ref64 = exact_reference(q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double())
     assert ref16.dtype == torch.float64
     torch.testing.assert_close(ref16, ref64, rtol=0, atol=0)
+
+
+_PROBE = """
+import torch
+from harness.memory import peak_cpu_mib
+from variants import exact_reference
+torch.manual_seed(0)
+q, k, v = torch.randn(3, 1, 8, 32768, 64).unbind(0)
+rows = torch.arange(0, 32768, 128)  # 256 rows: the same chunking as all rows, 1/128 the time
+print(peak_cpu_mib(lambda: exact_reference(q, k, v, causal=True, rows=rows)))
+"""
+
+
+def test_reference_at_32k_tokens_stays_far_below_the_n_by_n_footprint():
+    """N = 32768, H = 8: the N x N float64 scores would be 64 GiB; chunks keep it < 1 GiB."""
+    env = {**os.environ, **MALLOC_ENV}
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+    peak_mib = float(out.stdout.split()[-1])
+    # measured 395 MiB: float64 copies of k and v (256 MiB) and one chunk of scores.
+    assert 0 < peak_mib < 512, peak_mib

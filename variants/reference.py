@@ -35,12 +35,13 @@ def exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     out = torch.empty(B, H, len(rows), D, dtype=torch.float64, device=q.device)
     for s in range(0, len(rows), chunk):
         r = rows[s:s + chunk]
-        scores = (q[:, :, r].double() @ k64.transpose(-1, -2)) * scale  # (B, H, c, N)
+        # In place from here on: one (B, H, c, N) block alive per chunk.
+        p = (q[:, :, r].double() * scale) @ k64.transpose(-1, -2)  # (B, H, c, N) scores
         allowed = _allowed(r, keys, causal, key_mask)
         if allowed is not None:
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        top = scores.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0)
-        p = torch.exp(scores - top)
+            p.masked_fill_(~allowed, float("-inf"))
+        top = p.amax(dim=-1, keepdim=True).nan_to_num_(neginf=0.0)
+        p.sub_(top).exp_()
         denom = p.sum(dim=-1, keepdim=True)
         out[:, :, s:s + chunk] = (p @ v64) / denom.clamp_min(torch.finfo(torch.float64).tiny)
     return out
