@@ -73,6 +73,15 @@ def test_linear_gradients_match_naive(causal):
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-11)
 
 
+def test_linear_eps_zero_has_finite_gradients_at_a_ragged_length():
+    q, k, v = qkv(N=100, seed=2, requires_grad=True)
+    o = variants.build("linear", eps=0.0)(q, k, v, causal=True)
+    grads = torch.autograd.grad(o.square().sum(), (q, k, v))
+    ref = torch.autograd.grad(naive_linear(q, k, v, True, eps=0.0).square().sum(), (q, k, v))
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-11)
+
+
 @pytest.mark.parametrize("N,chunk", [(100, 7), (64, 64), (65, 64), (5, 16)])
 def test_chunked_prefix_sum_any_chunk(N, chunk):
     """Many chunks, a remainder chunk, exactly one chunk, and a chunk longer than N."""

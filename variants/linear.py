@@ -78,8 +78,12 @@ def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
     C = min(chunk, N)
     n = -(-N // C)
     pad = n * C - N
-    if pad:  # zero keys and values add nothing to any sum; padded query rows are dropped
-        fq, fk, v = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v))
+    if pad:
+        # Zero keys and values add nothing to any sum. Padded query rows are dropped; they
+        # are ones, not zeros, so their normaliser is not 0 + eps, which with eps = 0 would
+        # send NaN gradients into the real keys of the last chunk.
+        fk, v = F.pad(fk, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+        fq = F.pad(fq, (0, 0, 0, pad), value=1.0)
     fq = fq.reshape(B, H, n, C, M)  # (B, H, n, C, M)
     fk = fk.reshape(B, H, n, C, M)
     v = v.reshape(B, H, n, C, D)  # (B, H, n, C, D)
