@@ -74,6 +74,8 @@ def read_results(csv_path: Path) -> pd.DataFrame:
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise UsageError(f"{csv_path} lacks column(s): {', '.join(missing)}")
+    if df.empty:
+        raise UsageError(f"{csv_path} holds no case yet: nothing to report")
     df["params"] = df["params"].fillna("{}")
     df["reason"] = df["reason"].fillna("")
     try:
@@ -90,7 +92,7 @@ def read_results(csv_path: Path) -> pd.DataFrame:
     # A resumed run may hold a case twice; its last row is the one that counts.
     df = df.drop_duplicates(CASE_KEY, keep="last").reset_index(drop=True)
     df["label"] = [variant_label(v, p) for v, p in zip(df["variant"], df["params"])]
-    df["setting"] = [setting_name(r) for _, r in df[SETTING].iterrows()] if len(df) else []
+    df["setting"] = [setting_name(r) for _, r in df[SETTING].iterrows()]
     return df
 
 

@@ -122,6 +122,13 @@ def test_missing_columns_are_named(tmp_path):
         load_run(folder)
 
 
+def test_a_run_with_no_case_yet(tmp_path):
+    folder = write_run(tmp_path / "r", [])
+    (folder / "results.csv").write_text(",".join(synthetic_rows((512,))[0]) + "\n")
+    with pytest.raises(UsageError, match="no case yet"):
+        load_run(folder)
+
+
 def test_extra_harness_columns_are_fine_and_duplicates_keep_the_last(tmp_path):
     rows = synthetic_rows((512, 1024))
     rows = [r | {"case_id": str(i), "err_rows": 512, "threads": 2, "seed": 0}
