@@ -119,11 +119,14 @@ class Linformer(Variant):
             E, F = self.projections(N, q.device, q.dtype)
             kp = E @ k  # (B, H, k, D)
             vp = F @ v  # (B, H, k, D)
-            scores = (q @ kp.transpose(-1, -2)) * scale  # (B, H, N, k)
+            # Scaling the k x D keys rather than the N x k scores: fewer elements.
+            scores = q @ (kp * scale).transpose(-1, -2)  # (B, H, N, k)
         else:
             kp = segment_means(k, self.params.k)  # (B, H, k, D)
             vp = segment_means(v, self.params.k)  # (B, H, k, D)
-            scores = (q @ kp.transpose(-1, -2)) * scale + self.pool_offsets(N, q.device, q.dtype)
+            scores = q @ (kp * scale).transpose(-1, -2)  # (B, H, N, k)
+            # In place: the matmul's backward needs its inputs, not this output.
+            scores += self.pool_offsets(N, q.device, q.dtype)
         return torch.softmax(scores, dim=-1) @ vp  # (B, H, N, D)
 
     def flops(self, B, H, N, D, causal=False):

@@ -78,11 +78,13 @@ class Nystrom(Variant):
     def attend(self, q, k, v, causal):
         m = self.params.num_landmarks
         scale = softmax_scale(q.shape[-1])
-        q_l = segment_means(q, m)  # (B, H, m, D)
+        # The scale goes on the m x D landmarks, never on an N-sized tensor.
+        q_l = segment_means(q, m) * scale  # (B, H, m, D)
         k_l = segment_means(k, m)  # (B, H, m, D)
-        f = torch.softmax((q @ k_l.transpose(-1, -2)) * scale, dim=-1)  # (B, H, N, m)
-        a = torch.softmax((q_l @ k_l.transpose(-1, -2)) * scale, dim=-1)  # (B, H, m, m)
-        b = torch.softmax((q_l @ k.transpose(-1, -2)) * scale, dim=-1)  # (B, H, m, N)
+        k_ls = k_l * scale  # (B, H, m, D)
+        f = torch.softmax(q @ k_ls.transpose(-1, -2), dim=-1)  # (B, H, N, m)
+        a = torch.softmax(q_l @ k_l.transpose(-1, -2), dim=-1)  # (B, H, m, m)
+        b = torch.softmax(q_l @ k.transpose(-1, -2), dim=-1)  # (B, H, m, N)
         bv = b @ v  # (B, H, m, D)
         # The pseudo-inverse in float32 at least (see the module docstring).
         work = torch.promote_types(q.dtype, torch.float32)
