@@ -3,14 +3,15 @@
 Timer.blocked_autorange (PyTorch docs, "torch.utils.benchmark") calibrates a block size,
 then times blocks until `min_run_time` has passed; each block gives one per-call time.
 It synchronises CUDA around each block. A slow call may give fewer blocks than
-`min_repeats`; then single calls are timed until there are enough, so the IQR means
-something. Inputs and modules are built by the caller, outside the timed region.
+`min_repeats`; then single calls are timed (same clock, same synchronisation) until there
+are enough, so the IQR means something; a call known to be slow skips autorange. Inputs and modules are built by the caller, outside the timed region.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import time
 from typing import Callable
 
 import torch
@@ -29,8 +30,8 @@ def time_call(fn: Callable[[], object], *, min_run_time: float = 0.2, min_repeat
     """Time fn() after `warmup` untimed calls.
 
     call_s: a rough duration of one call seen before (untimed). When min_repeats such calls
-    already fill min_run_time, the calls are timed one by one (Timer.timeit(1)), which
-    spares blocked_autorange's calibration calls on slow cases.
+    already fill min_run_time, the calls are timed one by one, which spares
+    blocked_autorange's calibration calls on slow cases.
     """
     for _ in range(warmup):
         fn()
@@ -41,8 +42,21 @@ def time_call(fn: Callable[[], object], *, min_run_time: float = 0.2, min_repeat
     else:
         times = list(timer.blocked_autorange(min_run_time=min_run_time).times)
     while len(times) < min_repeats:
-        times += timer.timeit(number=1).times
+        times.append(_time_once(fn))
     return summarise(times)
+
+
+def _time_once(fn: Callable[[], object]) -> float:
+    """One call's seconds on Timer's clock (perf_counter), CUDA synchronised both sides.
+
+    Timer.timeit(1) would first make two untimed warm-up calls, tripling a slow case.
+    """
+    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
 
 
 def summarise(times_s: list[float]) -> Timing:
