@@ -25,6 +25,7 @@ import variants
 from harness.matrix import Case
 from harness.memory import MALLOC_ENV, MemoryGuard, is_oom_message
 from harness.store import RunStore, environment, matmul_fp32_gflops, now
+from harness.worker import RESULT_PREFIX
 
 REPO = Path(__file__).resolve().parent.parent
 STATUSES = ("ok", "skipped", "oom", "timeout", "error", "nonfinite")
@@ -52,8 +53,12 @@ class Worker:
             self.proc.stdin.flush()
         except BrokenPipeError:
             return self._died()
-        line = b""
-        while not line.endswith(b"\n"):
+        buf = b""
+        while True:
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                if line.startswith(RESULT_PREFIX.encode()):
+                    return json.loads(line[len(RESULT_PREFIX):])
             left = case.timeout_s - (time.monotonic() - start)
             ready, _, _ = select.select([self.proc.stdout], [], [], max(left, 0))
             if not ready:
@@ -63,8 +68,7 @@ class Worker:
             chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
             if not chunk:
                 return self._died()
-            line += chunk
-        return json.loads(line)
+            buf += chunk
 
     def _died(self) -> dict:
         rc = self.proc.wait()

@@ -32,6 +32,9 @@ from harness.inputs import make_inputs
 from harness.matrix import Case
 
 EXTRA_ENV = "ATTNBENCH_EXTRA_MODULES"
+# Marks result lines, so that anything else written to stdout before it was redirected
+# (an import-time print) cannot be mistaken for a result.
+RESULT_PREFIX = "ATTNBENCH-RESULT "
 
 
 def import_extra(spec: str | None = None) -> None:
@@ -135,7 +138,7 @@ def main() -> None:
         if not line.strip():
             continue
         case = Case(**json.loads(line))
-        proto.write(json.dumps(run_case(case)) + "\n")
+        proto.write(RESULT_PREFIX + json.dumps(run_case(case)) + "\n")
         proto.flush()
 
 
