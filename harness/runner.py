@@ -4,7 +4,9 @@ The runner knows no variant by name: it asks the registry for each case's module
 declared unsupported reasons (the case is `skipped` with them) and its FLOP count. One
 `python -m harness.worker` process runs cases one after the other (peak memory is read
 per call relative to the resident size before it, so reuse keeps readings right); it is
-replaced after a timeout (killed), a crash, or an out-of-memory case.
+replaced after a timeout (killed), a crash, or an out-of-memory case. Before a case runs,
+the memory guard (harness.memory.MemoryGuard) may refuse it, and a case longer than one
+of the same series that timed out is skipped with that reason.
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     store.write_meta(meta)
     store.open()
     guard, counts, worker = MemoryGuard(), Counter(), None
+    timed_out: dict[tuple, int] = {}  # series -> shortest length that timed out
     bar = tqdm(total=len(cases), initial=sum(c.case_id in done for c in cases), unit="case",
                file=sys.stderr, dynamic_ncols=True)
     try:
@@ -151,6 +154,10 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
             row = case_row(case, module)
             reasons = skip_reasons(case, module)
             guard_reason = None if reasons else guard.refuse_reason(case, module)
+            slow = timed_out.get(case.series())
+            if slow is not None and slow < case.seq_len:  # a longer case would time out too
+                guard_reason = guard_reason or (f"the same case timed out at N={slow} "
+                                                f"(timeout_s={case.timeout_s:g}); longer skipped")
             if reasons or guard_reason:
                 row.update(status="skipped", reason="; ".join(reasons) or guard_reason)
             else:
@@ -165,6 +172,8 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
             if row.get("time_ms"):
                 row["gflops_per_s"] = row["flops"] / (row["time_ms"] * 1e6)
             guard.record(case.series(), case.seq_len, row.get("peak_mem_mib"))
+            if row["status"] == "timeout":
+                timed_out[case.series()] = min(case.seq_len, timed_out.get(case.series(), case.seq_len))
             store.append(row)
             counts[row["status"]] += 1
             bar.update(1)

@@ -38,7 +38,7 @@ def mixed_run(tmp_path_factory):
     groups = [
         {"variants": ["standard", "sdpa"], "seq_lens": [2048], "heads": 2},
         {"variants": ["_test_raises", "_test_nan"], "seq_lens": [64]},
-        {"variants": {"_test_sleeps": [{"seconds": 60.0}]}, "seq_lens": [64], "timeout_s": 3},
+        {"variants": {"_test_sleeps": [{"seconds": 60.0}]}, "seq_lens": [64, 128], "timeout_s": 3},
         {"variants": ["standard"], "seq_lens": [2048], "heads": 8, "mem_limit_mib": 48},
         {"variants": ["sdpa"], "seq_lens": [256], "inputs": ["sharp"]},
     ]
@@ -66,6 +66,8 @@ def test_failures_become_rows(mixed_run):
     assert nan["status"] == "nonfinite" and nan["time_ms"] == ""
     slow = mixed_run[("_test_sleeps", "64", "gaussian", "4", "False")]
     assert slow["status"] == "timeout" and "timeout_s=3" in slow["reason"]
+    longer = mixed_run[("_test_sleeps", "128", "gaussian", "4", "False")]
+    assert longer["status"] == "skipped" and "timed out at N=64" in longer["reason"]
     oom = mixed_run[("standard", "2048", "gaussian", "8", "False")]
     assert oom["status"] == "oom", oom["reason"]
     # the run went on after each of them
