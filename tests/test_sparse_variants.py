@@ -94,7 +94,8 @@ def test_backward_matches_float64_reference(name, params, causal):
     go = torch.randn(inputs[0].shape, dtype=torch.float64,
                      generator=torch.Generator().manual_seed(1))
     m(*inputs, causal).backward(go)
-    exact_reference(*ref_inputs, causal, key_mask=mask).backward(go)
+    # The dense form in float64 is differentiable (exact_reference works in place).
+    naive_attention(*ref_inputs, causal, key_mask=mask).backward(go)
     for got, want in zip(inputs, ref_inputs):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-9, atol=1e-10)
 
@@ -184,7 +185,7 @@ class _LargestOutput(TorchDispatchMode):
 
 @pytest.mark.parametrize("name,params", [
     ("sliding_window", dict(window=32)),
-    ("block_sparse", dict(block_size=16)),
+    ("block_sparse", dict(block_size=32)),
 ])
 @pytest.mark.parametrize("causal", [False, True])
 def test_no_n_by_n_tensor(name, params, causal):
@@ -200,7 +201,7 @@ def test_no_n_by_n_tensor(name, params, causal):
     mode = _LargestOutput()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mode:
         m(q, k, v, causal).sum().backward()
-    # Each query scores <= ~130 keys here; an N x N implementation makes (and saves for
+    # Each query scores <= ~260 keys here; an N x N implementation makes (and saves for
     # backward) at least one tensor of N * N = 4.2M elements.
     assert mode.largest < N * N // 16
     assert sum(saved) < N * N // 2

@@ -36,6 +36,10 @@ import torch.nn.functional as F
 from .base import KeyMask, Variant, param, softmax_scale
 from .registry import register
 
+# (length, causal, device) plans a module keeps; a causal plan holds ~N * 8 blocks of
+# mask bytes.
+_CACHED_PLANS = 4
+
 
 @dataclasses.dataclass(frozen=True)
 class BlockSparseParams:
@@ -79,6 +83,10 @@ class BlockSparse(Variant):
 
     def layout(self, N: int) -> torch.Tensor:
         """The non-causal bool [ceil(N / block_size), ceil(N / block_size)] block mask."""
+        return self._layout(N).clone()
+
+    def _layout(self, N: int) -> torch.Tensor:
+        # Drawn once per length and cached, so the timed call never draws.
         if N not in self._layouts:
             p = self.params
             self._layouts[N] = bigbird_layout(math.ceil(N / p.block_size), p.window_blocks,
@@ -86,7 +94,7 @@ class BlockSparse(Variant):
         return self._layouts[N]
 
     def key_mask(self, seq_len: int) -> KeyMask:
-        lay = self.layout(seq_len)
+        lay = self._layout(seq_len)
         b = self.params.block_size
 
         def allowed(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -102,7 +110,7 @@ class BlockSparse(Variant):
         """
         if N == 0:
             return 0
-        lay = self.layout(N)
+        lay = self._layout(N)
         nnz = int(lay.tril().sum() if causal else lay.sum())
         b = self.params.block_size
         return 4 * B * H * nnz * b * b * D
@@ -116,7 +124,7 @@ class BlockSparse(Variant):
         key = (N, causal, device)
         if key not in self._plans:
             b = self.params.block_size
-            lay = self.layout(N)
+            lay = self._layout(N)
             nb = lay.shape[0]
             g = min(self.params.global_blocks, nb)
             plan = []
@@ -128,6 +136,8 @@ class BlockSparse(Variant):
                 if causal:
                     drop = drop | (tok[None, :] > (i * b + torch.arange(b))[:, None])  # (b, K_r b)
                 plan.append((cols, drop.to(device) if bool(drop.any()) else None))
+            if len(self._plans) >= _CACHED_PLANS:
+                self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
         return self._plans[key]
 
