@@ -1,10 +1,12 @@
 """Runs a matrix's cases, each in a worker process, and appends one row per case.
 
 The runner knows no variant by name: it asks the registry for each case's module, its
-declared unsupported reasons (the case is `skipped` with them) and its FLOP count. One
-`python -m harness.worker` process runs cases one after the other (peak memory is read
-per call relative to the resident size before it, so reuse keeps readings right); it is
-replaced after a timeout (killed), a crash, or an out-of-memory case. Before a case runs,
+declared unsupported reasons (the case is `skipped` with them) and its FLOP count. Two
+`python -m harness.worker` processes run cases one after the other: one measures peak
+memory under the malloc settings that make it readable, the other error and time under
+glibc's defaults (harness.worker says why). Peak memory is read per call relative to the
+resident size before it, so reuse keeps readings right; a worker is replaced after a
+timeout (killed), a crash, or an out-of-memory case. The time limit covers both parts. Before a case runs,
 the memory guard (harness.memory.MemoryGuard) may refuse it, and a case longer than one
 of the same series that timed out is skipped with that reason.
 """
@@ -34,10 +36,12 @@ STATUSES = ("ok", "skipped", "oom", "timeout", "error", "nonfinite")
 
 
 class Worker:
-    """One `python -m harness.worker` subprocess, fed one case at a time."""
+    """One `python -m harness.worker` subprocess measuring one part of each case it is fed."""
 
-    def __init__(self, log_path: Path, threads: int):
-        env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(threads),
+    def __init__(self, part: str, log_path: Path, threads: int):
+        self.part = part
+        malloc = MALLOC_ENV if part == "memory" else {}
+        env = {**os.environ, **malloc, "OMP_NUM_THREADS": str(threads),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.log_path = log_path
         self._log = log_path.open("ab")
@@ -45,13 +49,14 @@ class Worker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, start_new_session=True)
 
-    def run(self, case: Case) -> dict:
+    def run(self, case: Case, timeout_s: float) -> dict:
         """The worker's result for case, or a timeout/oom/error result if it did not give one."""
         start = time.monotonic()
-        self._log.write(f"--- {now()} {case.case_id} {case.label()}\n".encode())
+        self._log.write(f"--- {now()} {self.part} {case.case_id} {case.label()}\n".encode())
         self._log.flush()
+        request = {"case": case.to_json(), "part": self.part}
         try:
-            self.proc.stdin.write((json.dumps(case.to_json()) + "\n").encode())
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:
             return self._died()
@@ -61,7 +66,7 @@ class Worker:
             for line in lines:
                 if line.startswith(RESULT_PREFIX.encode()):
                     return json.loads(line[len(RESULT_PREFIX):])
-            left = case.timeout_s - (time.monotonic() - start)
+            left = timeout_s - (time.monotonic() - start)
             ready, _, _ = select.select([self.proc.stdout], [], [], max(left, 0))
             if not ready:
                 self.kill()
@@ -98,6 +103,36 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.kill()
         self._log.close()
+
+
+class _Workers:
+    """The memory worker and the time worker; a case's row merges their results."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = log_path
+        self.workers: dict[str, Worker | None] = {"memory": None, "time": None}
+
+    def measure(self, case: Case) -> dict:
+        start, result = time.monotonic(), {}
+        for part in ("memory", "time"):
+            w = self.workers[part]
+            if w is None or not w.alive():
+                w = self.workers[part] = Worker(part, self.log_path, case.threads)
+            left = case.timeout_s - (time.monotonic() - start)
+            got = w.run(case, left) if left > 0 else {
+                "status": "timeout", "reason": f"exceeded timeout_s={case.timeout_s:g} s"}
+            if got["status"] == "oom" or not w.alive():  # a fresh heap for the next case
+                w.close()
+                self.workers[part] = None
+            if got["status"] != "ok":  # the failing part's row alone: no partial measurements
+                return got
+            result.update(got)
+        return result
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            if w is not None:
+                w.close()
 
 
 def _tail(path: Path) -> str:
@@ -141,7 +176,8 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     meta.update({"matrix": matrix, "cases": len(cases), "ended": None})
     store.write_meta(meta)
     store.open()
-    guard, counts, worker = MemoryGuard(), Counter(), None
+    guard, counts = MemoryGuard(), Counter()
+    workers = _Workers(store.folder / "worker.log")
     timed_out: dict[tuple, int] = {}  # series -> shortest length that timed out
     bar = tqdm(total=len(cases), initial=sum(c.case_id in done for c in cases), unit="case",
                file=sys.stderr, dynamic_ncols=True)
@@ -161,14 +197,7 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
             if reasons or guard_reason:
                 row.update(status="skipped", reason="; ".join(reasons) or guard_reason)
             else:
-                if worker is None or not worker.alive():
-                    worker = Worker(store.folder / "worker.log", case.threads)
-                row.update(worker.run(case))
-                if row["status"] in ("oom", "timeout", "error") and not worker.alive():
-                    worker = None
-                elif row["status"] == "oom":  # a fresh heap for the next case
-                    worker.close()
-                    worker = None
+                row.update(workers.measure(case))
             if row.get("time_ms"):
                 row["gflops_per_s"] = row["flops"] / (row["time_ms"] * 1e6)
             guard.record(case.series(), case.seq_len, row.get("peak_mem_mib"))
@@ -179,8 +208,7 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
             bar.update(1)
     finally:
         bar.close()
-        if worker is not None:
-            worker.close()
+        workers.close()
         store.close()
         meta["sessions"][-1]["ended"] = meta["ended"] = now()
         store.write_meta(meta)

@@ -1,11 +1,16 @@
-"""The per-case worker: `python -m harness.worker` reads cases (JSON lines) on stdin and
-writes one result (a JSON line) per case on stdout.
+"""The per-case worker: `python -m harness.worker` reads (case, part) requests (JSON lines)
+on stdin and writes one result (a JSON line) per request on stdout.
 
-It measures, for one case: the error of the forward output against float64 exact
-attention, the peak memory of one call, and the median time of the call. It runs under
-the malloc settings of harness.memory.MALLOC_ENV (the runner sets them) and caps its own
-address space during each case, so a runaway allocation is an `oom` result, not a
-swapped machine. Anything else a case raises is an `error` result with its message.
+A case is measured in two parts, each in its own long-lived worker process:
+- `memory`: the peak memory of one call, in a worker whose environment has
+  harness.memory.MALLOC_ENV (freed memory goes back to the kernel, so VmHWM is right);
+- `time`: the error of the forward output against float64 exact attention and the median
+  time, in a worker with glibc's default malloc. The memory settings make every small
+  temporary a fresh mmap and page faults then dominate chunked code (measured here:
+  block_sparse forward at N=8192, H=8 took 873 ms with them and 435 ms without).
+Each part caps the worker's address space during the case, so a runaway allocation is an
+`oom` result, not a swapped machine. Anything else a case raises is an `error` result with
+its message.
 
 ATTNBENCH_EXTRA_MODULES (os.pathsep-separated module names or .py paths) names modules to
 import before the first case: variants registered outside the `variants` package (tests).
@@ -57,8 +62,11 @@ def _result(status: str, reason: str = "", **fields) -> dict:
     return {"status": status, "reason": reason, **fields}
 
 
-def run_case(case: Case) -> dict:
-    """Measure one case; returns the result fields (status, reason, time_ms, ...)."""
+PARTS = ("memory", "time")
+
+
+def run_case(case: Case, part: str) -> dict:
+    """Measure one part of a case; returns result fields (status, reason, time_ms, ...)."""
     torch.set_num_threads(case.threads)
     device = torch.device(case.device)
     dtype = getattr(torch, case.dtype)
@@ -70,7 +78,8 @@ def run_case(case: Case) -> dict:
         if device.type == "cpu":
             memory.cap_address_space(case.mem_limit_mib)
         try:
-            return {**common, **_measure(case, module, q, k, v, device)}
+            measure = _measure_memory if part == "memory" else _measure_time
+            return {**common, **measure(case, module, q, k, v, device)}
         finally:
             if device.type == "cpu":
                 memory.lift_address_space_cap()
@@ -84,7 +93,15 @@ def run_case(case: Case) -> dict:
         return _result("error", _describe(e), **common)
 
 
-def _measure(case: Case, module, q, k, v, device) -> dict:
+def _measure_memory(case: Case, module, q, k, v, device) -> dict:
+    fn = _prepared(case, module, q, k, v)
+    fn()  # warm-up: one-time state (features, layouts, caches) is not the call's peak
+    if case.backward:
+        q.grad = k.grad = v.grad = None  # freed before the probe's baseline
+    return _result("ok", "", peak_mem_mib=memory.peak_mib(fn, device))
+
+
+def _measure_time(case: Case, module, q, k, v, device) -> dict:
     # The forward output once, outside any timed region: finiteness and error.
     with torch.no_grad():
         o = module(q, k, v, causal=case.causal)
@@ -93,23 +110,25 @@ def _measure(case: Case, module, q, k, v, device) -> dict:
     err = accuracy.error(o, q, k, v, case.causal, max_rows=case.err_rows, seed=case.seed)
     errors = {"rel_err": err.rel_err, "max_abs_err": err.max_abs_err, "err_rows": err.err_rows}
     del o
-    if case.backward:
-        for t in (q, k, v):
-            t.requires_grad_(True)
-        fn = timing.forward_backward_fn(module, q, k, v, case.causal)
-        fn()  # warm-up; its gradients are checked
-        if not all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)):
-            return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
-        q.grad = k.grad = v.grad = None  # freed before the memory probe's baseline
-    else:
-        fn = timing.forward_fn(module, q, k, v, case.causal)  # the error pass warmed it up
+    fn = _prepared(case, module, q, k, v)
     start = time.perf_counter()
-    peak = memory.peak_mib(fn, device)
+    fn()  # warm-up (the error pass warmed up the forward only); its gradients are checked
     call_s = time.perf_counter() - start
+    if case.backward and not all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)):
+        return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
     t = timing.time_call(fn, min_run_time=case.min_run_time_s, min_repeats=case.min_repeats,
                          warmup=0, call_s=call_s)
     return _result("ok", "", time_ms=t.time_ms, time_ms_iqr=t.time_ms_iqr, repeats=t.repeats,
-                   peak_mem_mib=peak, **errors)
+                   **errors)
+
+
+def _prepared(case: Case, module, q, k, v):
+    """The call a case measures: forward, or forward then backward into q, k, v."""
+    if not case.backward:
+        return timing.forward_fn(module, q, k, v, case.causal)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    return timing.forward_backward_fn(module, q, k, v, case.causal)
 
 
 def _describe(e: BaseException) -> str:
@@ -137,8 +156,9 @@ def main() -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
-        case = Case(**json.loads(line))
-        proto.write(RESULT_PREFIX + json.dumps(run_case(case)) + "\n")
+        request = json.loads(line)
+        result = run_case(Case(**request["case"]), request["part"])
+        proto.write(RESULT_PREFIX + json.dumps(result) + "\n")
         proto.flush()
 
 
