@@ -169,6 +169,10 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     meta = store.read_meta() if resume else {}
     threads = cases[0].threads if cases else 1
     meta.update(environment(threads))
+    busy = meta["load_average_start"][0]
+    if busy > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {busy} on {os.cpu_count()} cores: other work will "
+              "distort the times of this run", file=sys.stderr)
     if "matmul_fp32_gflops" not in meta:  # once per run, not per resumed session
         meta["matmul_fp32_gflops"] = matmul_fp32_gflops(threads)
     meta.setdefault("started", now())
@@ -211,5 +215,6 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
         workers.close()
         store.close()
         meta["sessions"][-1]["ended"] = meta["ended"] = now()
+        meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         store.write_meta(meta)
     return counts

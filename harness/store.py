@@ -142,6 +142,9 @@ def environment(threads: int) -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__,
             "xformers": xformers, "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
             "threads": threads, "cuda_devices": cuda,
+            # Other work on the cores distorts times (OpenMP threads wait on each other):
+            # the 1, 5, 15-minute load averages as the run starts.
+            "load_average_start": [round(x, 2) for x in os.getloadavg()],
             "git_commit": git.stdout.strip() or None,
             "git_dirty": bool(dirty.stdout.strip()) if git.returncode == 0 else None}
 
