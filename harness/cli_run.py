@@ -168,9 +168,7 @@ def add_list_args(p: argparse.ArgumentParser) -> None:
 
 def list_command(args) -> int:
     rows = []
-    for name in variants.names():
-        if name.startswith("_") and not getattr(args, "all", False):
-            continue
+    for name in variants.names(private=args.all):
         s = variants.spec(name)
         params = ", ".join(f"{p.name}={p.default!r}" + _constraint(p) for p in s.params) or "-"
         exact = "exact" if s.exact else ("pattern" if s.pattern_exact else "approx")

@@ -160,7 +160,7 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
         wanted = [n.strip() for n in narrow if n.strip()]
         present = {n for g in full for n in g["variants"]}
         for n in wanted:
-            if n not in variants.names():
+            if n not in variants.names(private=True):
                 errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
             elif n not in present:
                 errors.append(f"variant {n!r} is not in this matrix")
@@ -210,9 +210,9 @@ def _check_group(table: dict, where: str, errors: list[str]) -> dict:
 
 def _resolve_variants(spec, params: dict, where: str, errors: list[str]) -> dict:
     """{name: [full param JSON, ...]} from "all", a list of names, or a table."""
-    registered = variants.names()
+    registered = variants.names(private=True)
     if spec == "all":
-        table = {n: None for n in registered if not n.startswith("_")}
+        table = {n: None for n in variants.names()}
     elif isinstance(spec, list) and all(isinstance(n, str) for n in spec):
         table = {n: None for n in spec}
     elif isinstance(spec, dict):

@@ -64,6 +64,8 @@ def test_parameters_are_checked_for_type_range_and_choice():
                             ({"mode": "b", "width": 3}, "needs an even width")]:
             with pytest.raises(ValueError, match="_registry_toy: .*" + msg):
                 variants.build("_registry_toy", **kwargs)
+        assert "_registry_toy" not in variants.names()  # private: a test fixture
+        assert "_registry_toy" in variants.names(private=True)
         spec = variants.spec("_registry_toy")
         assert spec.defaults == {"width": 4, "mode": "a", "scale": 1.0}
         assert [p.choices for p in spec.params] == [None, ("a", "b"), None]

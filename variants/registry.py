@@ -53,14 +53,18 @@ def register(cls: type[Variant]) -> type[Variant]:
     return cls
 
 
-def names() -> list[str]:
-    """Every registered variant name, in registration order."""
-    return list(_REGISTRY)
+def names(private: bool = False) -> list[str]:
+    """Every registered variant name, in registration order.
+
+    Names starting with "_" are private (test fixtures such as deliberately failing
+    variants): listed only with private=True, but `build` and `spec` take them.
+    """
+    return [n for n in _REGISTRY if private or not n.startswith("_")]
 
 
 def _cls(name: str) -> type[Variant]:
     if name not in _REGISTRY:
-        raise ValueError(f"unknown variant {name!r}; registered: {', '.join(_REGISTRY)}")
+        raise ValueError(f"unknown variant {name!r}; registered: {', '.join(names())}")
     return _REGISTRY[name]
 
 
