@@ -34,8 +34,13 @@ import hashlib
 import itertools
 import json
 import os
-import tomllib
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 import variants
 from harness.errors import UsageError
