@@ -18,8 +18,8 @@ __all__ = ["KeyMask", "ParamSpec", "Variant", "VariantSpec", "build", "dense_mas
 
 # The variant families; importing a module registers its variants.
 from . import exact  # noqa: E402,F401
+from . import sliding_window  # noqa: E402,F401
+from . import block_sparse  # noqa: E402,F401
 from . import linformer  # noqa: E402,F401
 from . import nystrom  # noqa: E402,F401
 from . import linear  # noqa: E402,F401
-from . import sliding_window  # noqa: E402,F401
-from . import block_sparse  # noqa: E402,F401
