@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import variants
 from variants import exact_reference
-from variants.linear import causal_linear_attention
+from variants.linear import causal_linear_attention, kernel_attention
 
 
 def qkv(B=1, H=2, N=100, D=16, dtype=torch.float64, seed=0, scale=1.0, requires_grad=False):
@@ -45,7 +45,7 @@ def rel_err(o, ref):
 # -- linear ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("N", [1, 63, 100, 1000])
+@pytest.mark.parametrize("N", [1, 63, 100, 1000, 2500])  # 2500: ragged blocks of 1024 rows
 def test_linear_matches_naive_float64(N, causal):
     q, k, v = qkv(N=N, seed=N)
     o = variants.build("linear")(q, k, v, causal=causal)
@@ -111,7 +111,7 @@ def test_causal_output_ignores_the_future(name):
 # -- performer ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("N", [1, 63, 100, 1000])
+@pytest.mark.parametrize("N", [1, 63, 100, 1000, 2500])
 def test_performer_equals_quadratic_form_of_its_features(N, causal):
     """The chunked path is checked exactly: same features, plain masked N x N form."""
     q, k, v = qkv(N=N, seed=N)
@@ -266,3 +266,19 @@ def test_invalid_parameters_are_refused():
     with pytest.raises(ValueError, match="linear.*eps"):
         variants.build("linear", eps=-1.0)
     assert variants.spec("performer").family == variants.spec("linear").family == "linear"
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0])  # 3.0: block stabilisers far apart
+def test_blocked_non_causal_path_is_independent_of_the_block_size(scale):
+    """Per-block key stabilisers are rescaled to a common one: blocks of 37 rows give the
+    output and gradients of one block of all 150 rows."""
+    q, k, v = qkv(N=150, seed=5, scale=scale, requires_grad=True)
+    m = variants.build("performer", num_features=40)
+    phi_q, phi_k = m.feature_fns(16, q.dtype, q.device)
+    g_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2), dtype=q.dtype)
+    grads = []
+    for rows in (37, 150):
+        o = kernel_attention(q, k, v, phi_q, phi_k, 0.0, rows=rows)
+        grads.append((o.detach(), *torch.autograd.grad(o, (q, k, v), g_out)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
