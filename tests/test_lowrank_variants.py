@@ -28,7 +28,7 @@ def loop_segments(N: int, m: int) -> list[tuple[int, int]]:
 
 # -- exact limits ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("N", [37, 64])
+@pytest.mark.parametrize("N", [37, 64, 2500])  # 2500: query blocks of 1024, a ragged one
 def test_linformer_mean_pool_with_k_equal_n_is_exact(N):
     q, k, v = make_inputs("sharp", 2, 3, N, 16, dtype=torch.float64, seed=1)
     o = variants.build("linformer", k=N, projection="mean_pool")(q, k, v)
