@@ -131,10 +131,10 @@ def plan(source: str, overrides: dict) -> int:
 
     Estimate per case (compute-bound, so a lower bound for variants far below their FLOP
     rate): 0.5 s of overhead, the float64 reference at a quarter of the measured fp32
-    matmul rate, and the worker's calls (error pass, a warm-up when backward, the memory
-    probe, then max(min_repeats, min_run_time / t + 1) timed) of t = flops / (0.25 * matmul
-    rate), capped at the case's timeout. The memory guard's extrapolated refusals need
-    measured peaks, so they are not known here.
+    matmul rate, and the workers' calls (memory: a warm-up and the probe; time: the error
+    pass, a warm-up, then max(min_repeats, min_run_time / t + 1) timed) of
+    t = flops / (0.25 * matmul rate), capped at the case's timeout. The memory guard's
+    extrapolated refusals need measured peaks, so they are not known here.
     """
     _, cases = mx.load(source, overrides)
     rate = matmul_fp32_gflops(cases[0].threads if cases else 1) * 1e9
@@ -150,7 +150,7 @@ def plan(source: str, overrides: dict) -> int:
         t = flops / (0.25 * rate)
         rows = min(case.seq_len, case.err_rows)
         ref = 4 * case.batch * case.heads * rows * case.seq_len * case.head_dim / (0.25 * rate)
-        calls = (3 if case.backward else 2) + max(case.min_repeats,
+        calls = 4 + max(case.min_repeats,
                                                   case.min_run_time_s / max(t, 1e-9) + 1)
         est = 0.5 + ref + t * calls
         total_s += min(est, case.timeout_s)
