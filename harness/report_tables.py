@@ -100,7 +100,8 @@ def slope_table(df: pd.DataFrame) -> pd.DataFrame:
         s["col"] = [f"{name} N^k: {p}{' causal' if c else ''}"
                     for p, c in zip(s["pass"], s["causal"])]
         med = s.dropna(subset=["slope"]).groupby(["label", "col"])["slope"].median()
-        wide = med.unstack("col").map(lambda v: f"{v:.2f}") if len(med) else pd.DataFrame()
+        wide = (med.unstack("col").map(lambda v: "–" if pd.isna(v) else f"{v:.2f}")
+                if len(med) else pd.DataFrame())
         out = wide if out is None else out.join(wide, how="outer")
     if out is None or out.empty:
         return pd.DataFrame()
