@@ -22,7 +22,9 @@ def exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     causal: query i sees keys j <= i. key_mask: an extra pattern (i, j) -> allowed.
     rows: optional query indices (R of them) to compute; all N rows when None.
-    A query row with no allowed key gets a zero output.
+    A query row with no allowed key gets a zero output. Not differentiable (the chunk
+    arithmetic is in place): for a float64 autograd reference use `naive_attention` on
+    float64 inputs.
     """
     check_qkv(q, k, v)
     B, H, N, D = q.shape
