@@ -34,11 +34,26 @@ def _new_figure(width_in: float, height_in: float):
     return fig
 
 
-def _palette(labels: list[str]) -> dict[str, tuple]:
+def _styles(df: pd.DataFrame) -> tuple[dict, dict, dict]:
+    """(palette, dashes, markers) per `line`: one colour per variant (tab10, so colours do
+    not repeat before ten variants), one dash pattern and marker per setting within it."""
     import seaborn as sns
 
-    colors = sns.color_palette("tab20" if len(labels) > 10 else "tab10", len(labels))
-    return dict(zip(labels, colors))
+    lines = list(dict.fromkeys(df["line"]))
+    variant_of = dict(zip(df["line"], df["variant"]))
+    variants = list(dict.fromkeys(variant_of[ln] for ln in lines))
+    colours = dict(zip(variants, sns.color_palette("tab10" if len(variants) <= 10 else "husl",
+                                                   len(variants))))
+    dash_cycle = ["", (4, 2), (1, 1.5), (6, 2, 1, 2), (2, 3)]
+    marker_cycle = ["o", "s", "^", "D", "v"]
+    palette, dashes, markers, seen = {}, {}, {}, {}
+    for ln in lines:
+        v = variant_of[ln]
+        i = seen[v] = seen.get(v, -1) + 1
+        palette[ln] = colours[v]
+        dashes[ln] = dash_cycle[i % len(dash_cycle)]
+        markers[ln] = marker_cycle[i % len(marker_cycle)]
+    return palette, dashes, markers
 
 
 def _save(fig, path: Path) -> Path:
@@ -71,10 +86,14 @@ def _ticks_125(axis) -> None:
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
-def _legend(fig, palette: dict, ncols: int) -> None:
+def _legend(fig, palette: dict, ncols: int, dashes: dict | None = None,
+            markers: dict | None = None) -> None:
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=c, marker="o", markersize=4) for c in palette.values()]
+    handles = [Line2D([], [], color=c, marker=(markers or {}).get(name, "o"), markersize=4,
+                      linestyle=(0, dashes[name]) if dashes and dashes[name] else
+                      ("-" if dashes is not None else "none"))
+               for name, c in palette.items()]
     # Labels carry every parameter; wrap them so the legend fits its column.
     names = [textwrap.fill(name, 48, subsequent_indent="  ") for name in palette]
     fig.legend(handles, names, loc="center left", fontsize=7, frameon=False,
@@ -83,27 +102,32 @@ def _legend(fig, palette: dict, ncols: int) -> None:
 
 def scaling_plot(df: pd.DataFrame, metric: str, ylabel: str, path: Path,
                  band: str | None = None) -> Path:
-    """`metric` against seq_len, log-log, one line per `line`, faceted pass x input.
+    """`metric` against seq_len, log-log, one line per `line`, faceted (pass, causal) x input.
 
-    df must hold ok rows with a `line` column. `band` names a spread column (time_ms_iqr)
-    drawn as median +- spread/2 around each line.
+    df must hold ok rows with `line` and `variant` columns. Colour is the variant, dash and
+    marker its setting; a panel with no data is left blank. `band` names a spread column
+    (time_ms_iqr) drawn as median +- spread/2 around each line.
     """
     import seaborn as sns
 
     data = df[np.isfinite(df[metric]) & (df[metric] > 0)]
-    passes, inputs = sorted(df["pass"].unique()), sorted(df["input"].unique())
-    lines = list(dict.fromkeys(df["line"]))
-    palette = _palette(lines)
-    w, h = grid_size_px(len(passes), len(inputs))
+    rows = sorted(set(zip(df["pass"], df["causal"])), key=lambda pc: (pc[1], pc[0]))
+    inputs = sorted(df["input"].unique())
+    palette, dashes, markers = _styles(df)
+    w, h = grid_size_px(len(rows), len(inputs))
     fig = _new_figure(w / DPI, h / DPI)
-    axes = fig.subplots(len(passes), len(inputs), squeeze=False, sharex=True)
-    for r, p in enumerate(passes):
+    axes = fig.subplots(len(rows), len(inputs), squeeze=False, sharex=True)
+    for r, (p, causal) in enumerate(rows):
         for c, inp in enumerate(inputs):
             ax = axes[r][c]
-            sub = data[(data["pass"] == p) & (data["input"] == inp)].sort_values("seq_len")
-            if len(sub):
-                sns.lineplot(data=sub, x="seq_len", y=metric, hue="line", palette=palette,
-                             marker="o", markersize=4, legend=False, ax=ax, errorbar=None)
+            sub = data[(data["pass"] == p) & (data["causal"] == causal)
+                       & (data["input"] == inp)].sort_values("seq_len")
+            if sub.empty:
+                ax.set_axis_off()
+                continue
+            sns.lineplot(data=sub, x="seq_len", y=metric, hue="line", style="line",
+                         palette=palette, dashes=dashes, markers=markers, markersize=4,
+                         legend=False, ax=ax, errorbar=None)
             if band is not None:
                 for line, g in sub.groupby("line"):
                     spread = g[band].fillna(0).to_numpy() / 2
@@ -111,12 +135,12 @@ def scaling_plot(df: pd.DataFrame, metric: str, ylabel: str, path: Path,
                     ax.fill_between(g["seq_len"], lo, g[metric] + spread,
                                     color=palette[line], alpha=0.25, linewidth=0)
             _log_axes(ax, 2)
-            ax.set_title(f"{p} · {inp}", fontsize=9)
+            ax.set_title(f"{p} · {inp}{' · causal' if causal else ''}", fontsize=9)
             ax.set_xlabel("sequence length N")
             ax.set_ylabel(ylabel if c == 0 else "")
             ax.grid(True, which="major", alpha=0.3)
-    _adjust(fig, len(passes), len(inputs))
-    _legend(fig, palette, len(inputs))
+    _adjust(fig, len(rows), len(inputs))
+    _legend(fig, palette, len(inputs), dashes, markers)
     return _save(fig, path)
 
 
@@ -129,8 +153,7 @@ def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path) -> Path:
     import seaborn as sns
 
     inputs = sorted(df["input"].unique())
-    lines = list(dict.fromkeys(df["line"]))
-    palette = _palette(lines)
+    palette, _, markers = _styles(df)
     w, h = grid_size_px(len(lengths), len(inputs))
     fig = _new_figure(w / DPI, h / DPI)
     axes = fig.subplots(len(lengths), len(inputs), squeeze=False)
@@ -142,8 +165,8 @@ def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path) -> Path:
             # Exact paths can reach 0 error; clip so they stay on the log axis.
             sub["rel_err"] = sub["rel_err"].clip(lower=1e-9)
             if len(sub):
-                sns.scatterplot(data=sub, x="time_ms", y="rel_err", hue="line",
-                                palette=palette, legend=False, ax=ax, s=25)
+                sns.scatterplot(data=sub, x="time_ms", y="rel_err", hue="line", style="line",
+                                palette=palette, markers=markers, legend=False, ax=ax, s=25)
                 front = sub[pareto_front(sub["time_ms"], sub["rel_err"])].sort_values("time_ms")
                 ax.step(front["time_ms"], front["rel_err"], where="post", color="black",
                         linewidth=0.8, alpha=0.6)
@@ -158,7 +181,7 @@ def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path) -> Path:
             ax.set_ylabel("relative error" if c == 0 else "")
             ax.grid(True, alpha=0.3)
     _adjust(fig, len(lengths), len(inputs))
-    _legend(fig, palette, len(inputs))
+    _legend(fig, palette, len(inputs), markers=markers)
     return _save(fig, path)
 
 
