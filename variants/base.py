@@ -128,10 +128,5 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
 
 
-def causal_pairs(N: int) -> int:
-    """Number of (i, j) pairs with j <= i: N (N + 1) / 2."""
-    return N * (N + 1) // 2
-
-
 def softmax_scale(D: int) -> float:
     return 1.0 / math.sqrt(D)
