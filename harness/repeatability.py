@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from harness import matrix as mx
-from harness.runner import _Workers
+from harness.runner import WorkerPair
 
 MATRIX = {"variants": ["sdpa", "sliding_window", "block_sparse", "nystrom", "linear",
                        "performer"],
@@ -23,7 +23,7 @@ MATRIX = {"variants": ["sdpa", "sliding_window", "block_sparse", "nystrom", "lin
 
 def main() -> None:
     cases = mx.expand(mx.normalise(MATRIX))
-    workers = _Workers(Path(tempfile.mkdtemp()) / "worker.log")
+    workers = WorkerPair(Path(tempfile.mkdtemp()) / "worker.log")
     try:
         passes = [[workers.measure(c) for c in cases] for _ in range(2)]
     finally:

@@ -105,7 +105,7 @@ class Worker:
         self._log.close()
 
 
-class _Workers:
+class WorkerPair:
     """The memory worker and the time worker; a case's row merges their results."""
 
     def __init__(self, log_path: Path):
@@ -181,7 +181,7 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     store.write_meta(meta)
     store.open()
     guard, counts = MemoryGuard(), Counter()
-    workers = _Workers(store.folder / "worker.log")
+    workers = WorkerPair(store.folder / "worker.log")
     timed_out: dict[tuple, int] = {}  # series -> shortest length that timed out
     bar = tqdm(total=len(cases), initial=sum(c.case_id in done for c in cases), unit="case",
                file=sys.stderr, dynamic_ncols=True)
