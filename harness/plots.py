@@ -164,15 +164,19 @@ def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path) -> Path:
             sub = sub[np.isfinite(sub["time_ms"]) & np.isfinite(sub["rel_err"])]
             # Exact paths can reach 0 error; clip so they stay on the log axis.
             sub["rel_err"] = sub["rel_err"].clip(lower=1e-9)
-            if len(sub):
-                sns.scatterplot(data=sub, x="time_ms", y="rel_err", hue="line", style="line",
-                                palette=palette, markers=markers, legend=False, ax=ax, s=25)
-                front = sub[pareto_front(sub["time_ms"], sub["rel_err"])].sort_values("time_ms")
-                ax.step(front["time_ms"], front["rel_err"], where="post", color="black",
-                        linewidth=0.8, alpha=0.6)
-                for _, row in front.iterrows():
-                    ax.annotate(row["line"], (row["time_ms"], row["rel_err"]), fontsize=6,
-                                xytext=(3, 3), textcoords="offset points")
+            if sub.empty:
+                ax.set_axis_off()
+                continue
+            sns.scatterplot(data=sub, x="time_ms", y="rel_err", hue="line", style="line",
+                            palette=palette, markers=markers, legend=False, ax=ax, s=25)
+            front = sub[pareto_front(sub["time_ms"], sub["rel_err"])].sort_values("time_ms")
+            ax.step(front["time_ms"], front["rel_err"], where="post", color="black",
+                    linewidth=0.8, alpha=0.6)
+            # Front points often sit side by side at one error level: short labels,
+            # alternately above and below, so neighbours do not overprint.
+            for i, (_, row) in enumerate(front.iterrows()):
+                ax.annotate(_short(row["line"]), (row["time_ms"], row["rel_err"]), fontsize=6,
+                            xytext=(3, 4 if i % 2 == 0 else -9), textcoords="offset points")
             _log_axes(ax)
             _ticks_125(ax.xaxis)
             ax.tick_params(axis="x", labelsize=7)
@@ -183,6 +187,11 @@ def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path) -> Path:
     _adjust(fig, len(lengths), len(inputs))
     _legend(fig, palette, len(inputs), markers=markers)
     return _save(fig, path)
+
+
+def _short(line: str, width: int = 30) -> str:
+    """A plot annotation: the label cut to `width` characters (the legend has it whole)."""
+    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def gflops_size_px(n_labels: int) -> tuple[int, int]:
