@@ -1,11 +1,9 @@
 """The report of a synthetic run: every section, the answers it must give, and its images."""
 
-import json
 import re
 from pathlib import Path
 
 import matplotlib.image
-import pandas as pd
 import pytest
 
 from harness import plots
