@@ -282,3 +282,32 @@ def test_blocked_non_causal_path_is_independent_of_the_block_size(scale):
         grads.append((o.detach(), *torch.autograd.grad(o, (q, k, v), g_out)))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["linear", "performer"])
+@pytest.mark.parametrize("N", [1, 100, 1000])
+def test_inference_path_equals_the_differentiable_path(name, N):
+    """Without autograd kernel_attention writes into preallocated buffers; with it, the same
+    arithmetic by differentiable ops. Both must give the same output, to the last bits."""
+    q, k, v = qkv(N=N, dtype=torch.float32, seed=N, scale=2.0)
+    m = variants.build(name)
+    with torch.no_grad():
+        fast = m(q, k, v)
+    q.requires_grad_(True)
+    graph = m(q, k, v)
+    assert graph.requires_grad
+    torch.testing.assert_close(fast, graph.detach(), rtol=1e-6, atol=0)
+
+
+def test_softmax_logsumexp_matches_torch_and_its_gradient():
+    """The fused feature op against torch.softmax and torch.logsumexp, values and gradients
+    (float64 gradcheck, including rows whose entries are far apart)."""
+    from variants.linear import _SoftmaxLogSumExp
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(2, 3, 7, 40, generator=g, dtype=torch.float64) * torch.tensor([1.0, 30.0, 300.0]).view(1, 3, 1, 1).double()
+    p, lse = _SoftmaxLogSumExp.apply(u)
+    torch.testing.assert_close(p, torch.softmax(u, -1), rtol=1e-12, atol=0)
+    torch.testing.assert_close(lse, torch.logsumexp(u, -1, keepdim=True), rtol=1e-12, atol=1e-12)
+    small = u[:, :, :2, :6].clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: _SoftmaxLogSumExp.apply(x), (small,))
+    assert torch.autograd.gradcheck(lambda x: _SoftmaxLogSumExp.apply(x)[1], (small,))
