@@ -304,7 +304,8 @@ def test_softmax_logsumexp_matches_torch_and_its_gradient():
     (float64 gradcheck, including rows whose entries are far apart)."""
     from variants.linear import _SoftmaxLogSumExp
     g = torch.Generator().manual_seed(0)
-    u = torch.randn(2, 3, 7, 40, generator=g, dtype=torch.float64) * torch.tensor([1.0, 30.0, 300.0]).view(1, 3, 1, 1).double()
+    spread = torch.tensor([1.0, 30.0, 300.0], dtype=torch.float64).view(1, 3, 1, 1)
+    u = torch.randn(2, 3, 7, 40, generator=g, dtype=torch.float64) * spread
     p, lse = _SoftmaxLogSumExp.apply(u)
     torch.testing.assert_close(p, torch.softmax(u, -1), rtol=1e-12, atol=0)
     torch.testing.assert_close(lse, torch.logsumexp(u, -1, keepdim=True), rtol=1e-12, atol=1e-12)

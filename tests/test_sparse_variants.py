@@ -205,3 +205,21 @@ def test_no_n_by_n_tensor(name, params, causal):
     # backward) at least one tensor of N * N = 4.2M elements.
     assert mode.largest < N * N // 16
     assert sum(saved) < N * N // 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_sparse_backward_saves_only_inputs_output_and_logsumexp(causal):
+    """The recomputing backward keeps q, k, v, the output and one log-sum-exp per query,
+    whatever the layout's density; plain autograd would keep every row's gathered key and
+    value blocks and probabilities (~K_r b (2 D + b) per block row)."""
+    N, D = 2000, 16  # not a multiple of the block: padding included
+    m = variants.build("block_sparse", block_size=32, window_blocks=3, random_blocks=4)
+    q, k, v = (t.requires_grad_(True) for t in qkv(N, B=1, H=1, D=D))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t,
+                                                  lambda t: t):
+        o = m(q, k, v, causal)
+    padded = math.ceil(N / 32) * 32
+    assert sum(saved) <= 4 * padded * D + padded + 2 * N * D  # + the scaling of q
+    o.sum().backward()
+    assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
