@@ -1,8 +1,9 @@
 """linear (elu+1) and performer (FAVOR+) against plain float64 quadratic forms of their kernels.
 
-The naive references here are written independently of variants/linear.py: the N x N
-kernel matrix phi(q) phi(k)^T, masked, normalised row by row (flash-linear-attention's
-habit of a plain ground truth for every fast op, forward and backward, at odd lengths).
+The naive references here are written independently of variants/linear.py and
+variants/linear_core.py: the N x N kernel matrix phi(q) phi(k)^T, masked, normalised row
+by row (flash-linear-attention's habit of a plain ground truth for every fast op, forward
+and backward, at odd lengths).
 """
 
 import pytest
@@ -11,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import variants
 from variants import exact_reference
-from variants.linear import causal_linear_attention, kernel_attention
+from variants.linear_core import causal_linear_attention, kernel_attention
 
 
 def qkv(B=1, H=2, N=100, D=16, dtype=torch.float64, seed=0, scale=1.0, requires_grad=False):
