@@ -130,3 +130,14 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 def softmax_scale(D: int) -> float:
     return 1.0 / math.sqrt(D)
+
+
+def softmax_logsumexp(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax(s), logsumexp(s, keepdim)) over the last dim, with one exp pass (no autograd).
+
+    p_j = exp(s_j - lse) for every j, so lse = max(s) - log(max(p)): at the largest s_j,
+    p_j >= 1 / n, far from underflow. Two max reductions instead of torch.logsumexp's
+    second exp pass. Rows need one finite entry.
+    """
+    p = torch.softmax(s, dim=-1)
+    return p, s.amax(dim=-1, keepdim=True).sub_(p.amax(dim=-1, keepdim=True).log_())

@@ -28,8 +28,9 @@ https://arxiv.org/abs/2205.14135, Algorithm 4 without tiling): the forward saves
 k, v, the output and one log-sum-exp per query; the backward recomputes each row's
 scores, P = exp(S - lse), and forms dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)),
 dQ = dS K, dK = dS^T Q, adding into the key blocks' gradients. Plain autograd would keep
-every row's gathered keys, values and probabilities (measured: 504 MiB forward+backward
-peak at N = 8192, H = 8, D = 64, against ~100 MiB forward).
+every row's gathered keys, values and probabilities: the forward+backward peak at
+N = 8192, H = 8, D = 64 read 504 MiB that way and 176 MiB this way (`python run_bench.py
+run --preset scaling`, results/scaling-h8-v3 against the same preset at commit 6b3ab61).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import KeyMask, Variant, param, softmax_scale
+from .base import KeyMask, Variant, param, softmax_logsumexp, softmax_scale
 from .registry import register
 
 # (length, causal, device) plans a module keeps; a causal plan holds ~N * 8 blocks of
@@ -179,18 +180,18 @@ class _BlockRows(torch.autograd.Function):
         B, H, nb, b, D = qp.shape
         out = qp.new_empty(B, H, nb, b, D)
         keep = any(ctx.needs_input_grad)  # else nothing is saved: no log-sum-exp needed
-        # float32 at least: a bfloat16 lse would shift every recomputed probability.
-        lse = qp.new_empty(B, H, nb, b, 1, dtype=torch.promote_types(qp.dtype, torch.float32))
+        if keep:
+            # float32 at least: a bfloat16 lse would shift every recomputed probability.
+            lse = qp.new_empty(B, H, nb, b, 1, dtype=torch.promote_types(qp.dtype, torch.float32))
         for i, (cols, span, drop) in enumerate(plan):
             s = qp[:, :, i] @ _gather(kp, cols, span).transpose(-1, -2)  # (B, H, b, K b)
             if drop is not None:
                 s.masked_fill_(drop, float("-inf"))
-            p = torch.softmax(s, dim=-1)
-            out[:, :, i] = p @ _gather(vp, cols, span)
             if keep:
-                # p_j = exp(s_j - lse) for every j; at the row's largest score p_j >= 1 / K b.
-                top = s.amax(dim=-1, keepdim=True)
-                lse[:, :, i] = top.sub_(p.amax(dim=-1, keepdim=True).log_())
+                p, lse[:, :, i] = softmax_logsumexp(s)
+            else:
+                p = torch.softmax(s, dim=-1)
+            out[:, :, i] = p @ _gather(vp, cols, span)
         if keep:
             ctx.plan = plan
             ctx.save_for_backward(qp, kp, vp, out, lse)

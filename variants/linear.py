@@ -44,7 +44,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import Variant, param
+from .base import Variant, param, softmax_logsumexp
 from .linear_core import block_rows, causal_linear_attention, core_flops, kernel_attention
 from .registry import register
 
@@ -61,17 +61,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class _SoftmaxLogSumExp(torch.autograd.Function):
-    """u (..., m) -> (softmax(u), logsumexp(u, keepdim)), in one fused pass over u.
-
-    p_i = exp(u_i - lse) for every i, so lse = max(u) - log(max(p)): at the largest u_i,
-    p_i >= 1/m, far from underflow. Two max reductions instead of a second exp pass
-    (torch.logsumexp), and only p is saved for backward: d lse / du = p.
-    """
+    """u (..., m) -> (softmax(u), logsumexp(u, keepdim)) by `softmax_logsumexp`, one exp
+    pass; only p is saved for backward (d lse / du = p)."""
 
     @staticmethod
     def forward(ctx, u):
-        p = torch.softmax(u, dim=-1)
-        lse = u.amax(dim=-1, keepdim=True).sub_(p.amax(dim=-1, keepdim=True).log_())
+        p, lse = softmax_logsumexp(u)
         ctx.save_for_backward(p)
         return p, lse
 

@@ -5,13 +5,11 @@ Used by `linear.py` (elu+1 and FAVOR+ features).
 
 Non-causal: by associativity, [S | z] = phi(K)^T [V | 1] (M x (D + 1), one matmul) first,
 O(N M D), in blocks of keys, then the queries in blocks (`kernel_attention`). A block is
-sized so that its (B, H, rows, M) features are ~2 MiB (`block_rows`): the K = D matmul
-that makes them runs at ~150 GFLOP/s while its output stays in this CPU's caches and ~80
-beyond, and whole-sequence features cost a fresh, page-faulted allocation per call
-(performer(256) forward at N=16384, H=8 measured ~400 ms whole, ~270 ms in blocks of
-1024 rows, ~200-250 ms with the fused softmax features in 2 MiB blocks; noisy machine,
-medians of interleaved runs). Without autograd the blocks write into preallocated
-buffers.
+sized so that its (B, H, rows, M) features are ~2 MiB (`block_rows`), so they stay in
+cache; whole-sequence features cost a fresh, page-faulted allocation per call. Without
+autograd the blocks write into preallocated buffers instead of concatenating (measured
+once here, paired and interleaved at N = 16384, H = 8: 15% faster for performer, 29% for
+linear). Per-variant times: `python run_bench.py run --preset scaling`.
 
 Causal: chunked prefix sums (`causal_linear_attention`, shared by both variants): within
 a chunk of C positions the masked C x C quadratic form; across chunks the running state
@@ -32,9 +30,10 @@ _BLOCK_BYTES = 2 << 20
 def block_rows(B: int, H: int, M: int, budget: int = _BLOCK_BYTES) -> int:
     """Rows per block so that one (B, H, rows, M) float32 feature block is about `budget` bytes.
 
-    A power of two in [64, 1024]. Measured here (2 cores, 1 MiB L2 each): the K = D matmul
-    that makes the features runs at ~150 GFLOP/s for up to ~2048 x 256 outputs and ~80
-    beyond, where its output no longer stays in cache.
+    A power of two in [64, 1024]. On this 2-core CPU (1 MiB L2 each) the K = D matmul
+    that makes the features ran at ~130-150 GFLOP/s up to ~2048 x 256 outputs and ~80
+    at 8192 x 256 (a one-off microbenchmark of torch.mm; blocks of 1-8 MiB timed within
+    noise of each other in the whole forward).
     """
     rows = budget // (4 * B * H * M)
     return max(64, min(1024, 1 << max(rows, 1).bit_length() - 1))
@@ -78,16 +77,16 @@ def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phi_q, p
                 Sz = Sz * torch.exp(top - new)
             top = new
         Sz = Sz_b if Sz is None else Sz + Sz_b
-    if not graph:
-        out = Sz.new_empty(B, H, N, D)
-        for i, qb in zip(range(0, N, rows), q.split(rows, dim=2)):
-            o = phi_q(qb) @ Sz  # (B, H, r, D + 1)
-            torch.div(o[..., :D], o[..., D:].add_(eps), out=out[:, :, i:i + rows])
-        return out
+    out = None if graph else Sz.new_empty(B, H, N, D)
     outs = []
-    for qb in q.split(rows, dim=2):
+    for i, qb in zip(range(0, N, rows), q.split(rows, dim=2)):
         o = phi_q(qb) @ Sz  # (B, H, r, D + 1)
-        outs.append(o[..., :D] / (o[..., D:] + eps))  # (B, H, r, D)
+        if graph:
+            outs.append(o[..., :D] / (o[..., D:] + eps))  # (B, H, r, D)
+        else:
+            torch.div(o[..., :D], o[..., D:].add_(eps), out=out[:, :, i:i + rows])
+    if not graph:
+        return out
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
