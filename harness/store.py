@@ -19,7 +19,7 @@ from harness.errors import UsageError
 COLUMNS = ["case_id", "variant", "family", "params", "device", "dtype", "batch", "heads",
            "head_dim", "seq_len", "causal", "pass", "input", "status", "reason", "time_ms",
            "time_ms_iqr", "repeats", "peak_mem_mib", "rel_err", "max_abs_err", "err_rows",
-           "flops", "gflops_per_s", "threads", "seed"]
+           "row_cos", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed"]
 RESULTS = "results.csv"
 META = "meta.json"
 
