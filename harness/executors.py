@@ -15,11 +15,14 @@ import argparse
 import dataclasses
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.store import RunStore
 
 EXECUTORS = ("serial", "local", "slurm")
 REPO = Path(__file__).resolve().parent.parent
@@ -129,10 +132,14 @@ def run_shard(folder: str, index: int, cases: list, executor: str) -> dict:
     same job, before a requeue) are not measured again.
     """
     from harness import runner, shards
-    from harness.store import RunStore, environment, matmul_fp32_gflops, now
+    from harness.store import environment, matmul_fp32_gflops, now
 
+    from harness.worker import import_extra
+
+    import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
     folder = Path(folder)
-    store = RunStore(folder, csv_path=shards.shard_csv(folder, index))
+    store = ShardStore(folder, csv_path=shards.shard_csv(folder, index))
+    store.stop_on_signals()
     done = store.done_ids()  # also cuts a partial last line this shard's killed attempt left
     threads = cases[0].threads if cases else 1
     env = environment(threads)
@@ -148,6 +155,41 @@ def run_shard(folder: str, index: int, cases: list, executor: str) -> dict:
                   load_average_end=[round(x, 2) for x in os.getloadavg()])
     shards.write_record(folder, index, record)
     return dict(counts)
+
+
+class _Stopped(Exception):
+    """The scheduler is ending this job (scancel, preemption, time limit): record no more."""
+
+
+class ShardStore(RunStore):
+    """A shard's file that takes no row once Slurm signals the end of the job.
+
+    scancel sends SIGTERM, a time limit or preemption SIGUSR2 (submitit's --signal), to
+    every process of the job: the worker processes too, and a worker killed so would be
+    recorded as an `error` row, i.e. a case lost. So the signal sets `stopping` (then
+    submitit's own handler runs: it ignores SIGTERM, requeues on SIGUSR2), and a row
+    telling of a dead worker waits a moment for that signal before it is written.
+    """
+    stopping = False
+
+    def stop_on_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            previous = signal.getsignal(sig)
+
+            def handler(signum, frame, previous=previous):
+                self.stopping = True
+                if callable(previous):  # submitit's
+                    previous(signum, frame)
+                elif previous == signal.SIG_DFL:  # not in a submitit job: stop now
+                    raise _Stopped(f"signal {signum}")
+            signal.signal(sig, handler)
+
+    def append(self, row: dict) -> None:
+        if row.get("status") in ("error", "oom"):
+            time.sleep(1.0)  # the signal that killed the worker reaches us meanwhile
+        if self.stopping:
+            raise _Stopped(f"job ending: case {row['case_id']} left for a rerun")
+        super().append(row)
 
 
 def _job_id() -> str | None:

@@ -24,7 +24,8 @@ from harness.errors import UsageError
 from harness.matrix import Case
 from harness.store import RunStore, environment, matmul_fp32_gflops, now
 
-POLL_S = 2.0
+POLL_S = 0.5  # reading the shard files
+SCHEDULER_POLL_S = 10.0  # asking squeue: a shared controller is not to be hammered
 # What a shard's record says about the machine its cases ran on; meta.json's top level
 # takes them from the first shard (the report warns when the shards differ).
 _HARDWARE = ("cpu_model", "cpu_count", "threads", "cuda_devices")
@@ -50,9 +51,10 @@ def run(matrix: dict, cases: list[Case], store: RunStore, resume: bool,
     threads = cases[0].threads
     meta = store.read_meta() if resume else {}
     meta.update(environment(threads))  # versions and commit of the code the jobs run
-    # The split's cost model needs a FLOP rate: measured here once per run, so that a
-    # resumed run splits the same remaining cases the same way.
-    meta.setdefault("plan_matmul_fp32_gflops", matmul_fp32_gflops(threads))
+    # The split's cost model needs a FLOP rate: measured here once per run (a 1024^3
+    # matmul: it only weighs the cases against each other), so that a resumed run splits
+    # the same remaining cases the same way.
+    meta.setdefault("plan_matmul_fp32_gflops", matmul_fp32_gflops(threads, n=1024))
     meta.setdefault("started", now())
     meta.setdefault("sessions", []).append({"started": now(), "ended": None,
                                             "executor": settings.kind, "shards": settings.shards})
@@ -105,17 +107,22 @@ def run(matrix: dict, cases: list[Case], store: RunStore, resume: bool,
 
 
 def _watch(jobs: list[dict], cases: list[Case], folder: Path) -> None:
-    """One progress bar over all shards (their files) until no job is pending or running."""
+    """One progress bar over all shards (their files) until no job is pending or running.
+
+    The files are read every POLL_S; the scheduler is asked every SCHEDULER_POLL_S, or at
+    once when every case of the live jobs is in a file (the jobs are about to end)."""
     ids = {c.case_id for c in cases}
-    done = lambda: len(ids & set(shards.finished_rows(folder)))  # noqa: E731
-    bar = tqdm(total=len(ids), initial=done(), unit="case", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(total=len(ids), initial=len(ids & set(shards.finished_rows(folder))),
+               unit="case", file=sys.stderr, dynamic_ncols=True)
+    live, asked = {j["job_id"] for j in jobs}, float("-inf")
     try:
         while True:
-            live = ex.alive(jobs)
-            note = f"{len(live)} of {len(jobs)} job(s) pending or running"
-            if note != bar.postfix:
-                bar.set_postfix_str(note, refresh=False)
-            bar.update(done() - bar.n)
+            finished = set(shards.finished_rows(folder))
+            bar.update(len(ids & finished) - bar.n)
+            held = {cid for j in jobs if j["job_id"] in live for cid in j["cases"]}
+            if held <= finished or time.monotonic() - asked > SCHEDULER_POLL_S:
+                live, asked = ex.alive([j for j in jobs if j["job_id"] in live]), time.monotonic()
+                bar.set_postfix_str(f"{len(live)} of {len(jobs)} job(s) pending or running")
             if not live:
                 break
             time.sleep(POLL_S)
