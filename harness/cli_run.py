@@ -18,7 +18,7 @@ import torch
 from tabulate import tabulate
 
 import variants
-from harness import estimate, executors, sharded
+from harness import estimate, executors, sharded, shards
 from harness import matrix as mx
 from harness import runner
 from harness.errors import UsageError
@@ -138,9 +138,9 @@ def _rerun(argv: list[str] | None, run_id: str) -> str:
 def run_command(args) -> int:
     import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
     source = args.config or args.preset or "quick"
-    if args.dry_run:
-        return plan(source, overrides_from(args))
     settings = executors.settings_from(args, mx.read_toml(source).get("executor"))
+    if args.dry_run:
+        return plan(source, overrides_from(args), settings.shards)
     out = run_matrix(source, overrides_from(args), args.results_dir, args.run_id, settings,
                      getattr(args, "argv", None))
     return out if isinstance(out, int) else 0
@@ -151,12 +151,14 @@ def run_default() -> Path:
     return run_matrix("quick", {"devices": ["cpu"]}, Path("results"), None)
 
 
-def plan(source: str, overrides: dict) -> int:
-    """Print the cases, their declared skips and a rough time estimate (harness.estimate)."""
+def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
+    """Print the cases, their declared skips and a rough time estimate (harness.estimate);
+    with n_shards > 1, also each shard's share."""
     _, cases = mx.load(source, overrides)
     rate = matmul_fp32_gflops(cases[0].threads if cases else 1) * 1e9
     skipped, reasons, total_s = 0, Counter(), 0.0
-    for case, why, cost in estimate.plan_cases(cases, rate):
+    planned = estimate.plan_cases(cases, rate)
+    for case, why, cost in planned:
         if why:
             skipped += 1
             reasons[f"{case.variant}: {'; '.join(why)}"] += 1
@@ -167,6 +169,11 @@ def plan(source: str, overrides: dict) -> int:
           f"(fp32 matmul {rate / 1e9:.0f} GFLOP/s here)")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
+    if n_shards > 1:
+        cost = {c.case_id: t for c, _, t in planned}
+        for i, part in enumerate(shards.split([(c, t) for c, _, t in planned], n_shards)):
+            print(f"  shard {i}: {len(part)} cases, estimate "
+                  f"{sum(cost[c.case_id] for c in part) / 60:.1f} min")
     return 0
 
 

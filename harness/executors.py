@@ -55,9 +55,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="submit, print the job ids and the command that waits and merges, exit")
     for key, (typ, _) in _FLAGS.items():
         g.add_argument("--" + key.replace("_", "-"), dest=key, default=None,
-                       help={"slurm_time": "time limit per job, minutes (default 60)"}.get(key))
+                       help={"slurm_time": "time limit per job, minutes (slurm default 60; local: "
+                                            "none unless given)"}.get(key))
     g.add_argument("--slurm-opt", dest="slurm_opt", action="append", default=None,
-                   metavar="KEY=VALUE", help="any other sbatch option, e.g. qos=high (repeat)")
+                   metavar="KEY[=VALUE]",
+                   help="any other sbatch option, e.g. qos=high or exclusive (repeatable)")
 
 
 def _typed(key: str, value, typ):
@@ -74,9 +76,9 @@ def _typed(key: str, value, typ):
 
 def settings_from(args, table: dict | None) -> Settings:
     """Settings from the TOML's [executor] table overridden by the flags; UsageError if bad."""
-    table = dict(table or {})
-    if not isinstance(table, dict):
+    if table is not None and not isinstance(table, dict):
         raise UsageError("'executor' in the matrix TOML must be a table ([executor])")
+    table = dict(table or {})
     known = {"executor", "shards", "slurm_opt", *_FLAGS}
     unknown = sorted(set(table) - known)
     if unknown:
@@ -93,18 +95,20 @@ def settings_from(args, table: dict | None) -> Settings:
         shards = _typed("shards", table.get("shards", 1), int) if kind != "serial" else 1
     slurm = {k: table[k] for k in _FLAGS if k in table}
     slurm.update({k: getattr(args, k) for k in _FLAGS if getattr(args, k, None) is not None})
-    slurm.setdefault("slurm_time", 60)
     params = tuple(sorted((_FLAGS[k][1], _typed(k, v, _FLAGS[k][0])) for k, v in slurm.items()))
-    opts = dict(table.get("slurm_opt", {}))
+    opts = table.get("slurm_opt", {})
+    if not isinstance(opts, dict):
+        raise UsageError("[executor]: slurm_opt must be a table of sbatch options")
+    # a bare flag (`--slurm-opt exclusive`, `exclusive = true`): submitit writes `--exclusive`
+    opts = {str(k): True if v is True else str(v) for k, v in opts.items()}
     for text in args.slurm_opt or []:
         key, eq, value = text.partition("=")
-        if not eq or not key.strip():
-            raise UsageError(f"--slurm-opt: expected KEY=VALUE, got {text!r}")
-        opts[key.strip()] = value.strip()
+        if not key.strip():
+            raise UsageError(f"--slurm-opt: expected KEY=VALUE or KEY, got {text!r}")
+        opts[key.strip()] = value.strip() if eq else True
     if args.no_wait and kind == "serial":
         raise UsageError("--no-wait needs --executor local or slurm")
-    return Settings(kind, shards, params, tuple(sorted((str(k), str(v)) for k, v in opts.items())),
-                    bool(args.no_wait))
+    return Settings(kind, shards, params, tuple(sorted(opts.items())), bool(args.no_wait))
 
 
 def check_available(settings: Settings) -> None:
@@ -231,9 +235,9 @@ def submit(settings: Settings, folder: Path, shards: list[list], first: int) -> 
     fns = [ShardJob(str(folder), i, cases, settings.kind) for i, cases in zip(indices, shards)]
     if settings.kind == "slurm":
         ex = submitit.AutoExecutor(folder=logs, cluster="slurm", slurm_max_num_timeout=3)
+        params = {"timeout_min": 60, **dict(settings.slurm)}
         ex.update_parameters(name=f"attnbench-{folder.name}", slurm_setup=setup,
-                             slurm_additional_parameters=dict(settings.sbatch),
-                             **dict(settings.slurm))
+                             slurm_additional_parameters=dict(settings.sbatch), **params)
         jobs = ex.submit_array(fns)
     else:
         import torch
@@ -241,7 +245,8 @@ def submit(settings: Settings, folder: Path, shards: list[list], first: int) -> 
         gpus = torch.cuda.device_count()  # one shard per GPU: CUDA_VISIBLE_DEVICES=<its GPU>
         for k, fn in enumerate(fns):
             ex = submitit.LocalExecutor(folder=logs)
-            timeout = dict(settings.slurm).get("timeout_min", 60)
+            # no limit unless asked (--slurm-time): a week
+            timeout = dict(settings.slurm).get("timeout_min", 7 * 24 * 60)
             pin = {"gpus_per_node": 1, "visible_gpus": (k % gpus,)} if gpus else {}
             ex.update_parameters(timeout_min=timeout, setup=setup, **pin)
             jobs.append(ex.submit(fn))
@@ -254,6 +259,9 @@ def alive(jobs: list[dict]) -> set[str]:
     out = set()
     slurm = [j["job_id"] for j in jobs if j["executor"] == "slurm"]
     if slurm:
+        if shutil.which("squeue") is None:
+            raise UsageError(f"this run has Slurm jobs ({', '.join(slurm[-3:])}, ...) and squeue "
+                             "is not on PATH: their states are unknown; run it where Slurm is")
         r = subprocess.run(["squeue", "--me", "-h", "-r", "--states=all", "-o", "%i|%T"],
                            capture_output=True, text=True, timeout=60)
         if r.returncode != 0:  # unknown is not dead: never resubmit what may still run

@@ -35,7 +35,7 @@ def merge_before_serial(store: RunStore, cases: list[Case]) -> None:
     """Before a serial session of a run that had shards: fold their rows into results.csv
     (so the serial runner skips them); refuse while a job of the run still runs."""
     jobs = shards.read_jobs(store.folder)
-    if not shards.shard_indices(store.folder):
+    if not jobs and not shards.shard_indices(store.folder):
         return
     running = ex.alive(jobs)
     if running:

@@ -96,6 +96,10 @@ def test_local_two_shards_match_serial(tiny):
     _same_as_serial(serial, d / "local", jobs=2)
     md = (d / "local" / "report.md").read_text()
     assert "shards at once on one node" in md  # CPU timings with 2 shards on this node
+    before = (d / "local" / "results.csv").read_text()
+    # another executor is the same run: resumed, nothing left to measure
+    assert _run(cfg, d, "local", "--executor", "serial") == 0
+    assert (d / "local" / "results.csv").read_text() == before
 
 
 @needs_slurm
@@ -145,7 +149,7 @@ def _rows_or_none(path: Path) -> list[dict]:
     (["--executor", "local", "--shards", "0"], "shards must be positive"),
     (["--executor", "local", "--shards", "two"], "shards must be int"),
     (["--shards", "2"], "--shards needs --executor local or slurm"),
-    (["--executor", "slurm", "--slurm-opt", "qos"], "expected KEY=VALUE"),
+    (["--executor", "local", "--slurm-opt", "=high"], "expected KEY=VALUE or KEY"),
 ], ids=["no-sbatch", "no-controller", "unknown-executor", "zero-shards", "text-shards",
         "serial-shards", "bad-opt"])
 def test_bad_executor_settings_exit_2_write_nothing(tmp_path, monkeypatch, capsys, argv, words):
@@ -200,3 +204,17 @@ def test_split_is_deterministic_balanced_and_keeps_series_whole():
                   for s in {c.series() for c in cfg_cases})
     assert max(loads) <= sum(loads) / 3 + biggest
     assert len(shards.split(planned[:2], 5)) == 1  # one series: one shard, none empty
+
+
+@pytest.mark.parametrize("table, words", [
+    ('executor = "slurm"\n', "must be a table ([executor])"),
+    ('[executor]\nexecutor = "local"\nnodes = 2\n', "unknown key(s) nodes"),
+    ('[executor]\nexecutor = "local"\nshards = 0\n', "shards must be positive"),
+])
+def test_bad_executor_table_exits_2(tmp_path, capsys, table, words):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(table + TINY if not table.startswith("[") else TINY + table)
+    assert _run(cfg, tmp_path / "runs", "r") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err
+    assert not (tmp_path / "runs").exists()
