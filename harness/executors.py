@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -243,6 +244,9 @@ def submit(settings: Settings, folder: Path, shards: list[list], first: int) -> 
         import torch
 
         gpus = torch.cuda.device_count()  # one shard per GPU: CUDA_VISIBLE_DEVICES=<its GPU>
+        if 0 < gpus < len(fns):
+            print(f"warning: {len(fns)} shards on {gpus} GPU(s): some share a GPU, and their "
+                  "times distort each other", file=sys.stderr)
         for k, fn in enumerate(fns):
             ex = submitit.LocalExecutor(folder=logs)
             # no limit unless asked (--slurm-time): a week

@@ -10,6 +10,9 @@ twice, none is lost. harness.shards describes the files.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import shutil
 import statistics
 import sys
 import time
@@ -48,6 +51,12 @@ def run(matrix: dict, cases: list[Case], store: RunStore, resume: bool,
         settings: ex.Settings, rerun: str) -> int:
     """Submit, wait (unless settings.no_wait), merge, report; the exit status of `run`."""
     folder = store.folder
+    created = not folder.exists()
+    jobs = shards.read_jobs(folder)
+    running = ex.alive(jobs)  # before anything is written: squeue may be missing
+    held = {cid for j in jobs if j["job_id"] in running for cid in j["cases"]}
+    finished_before = set(shards.finished_rows(folder))
+    todo = [c for c in cases if c.case_id not in finished_before | held]
     threads = cases[0].threads
     meta = store.read_meta() if resume else {}
     meta.update(environment(threads))  # versions and commit of the code the jobs run
@@ -55,25 +64,19 @@ def run(matrix: dict, cases: list[Case], store: RunStore, resume: bool,
     # matmul: it only weighs the cases against each other), so that a resumed run splits
     # the same remaining cases the same way.
     meta.setdefault("plan_matmul_fp32_gflops", matmul_fp32_gflops(threads, n=1024))
-    meta.setdefault("started", now())
-    meta.setdefault("sessions", []).append({"started": now(), "ended": None,
-                                            "executor": settings.kind, "shards": settings.shards})
-    meta.update({"matrix": matrix, "cases": len(cases), "ended": None})
-    store.write_meta(meta)
-
-    jobs = shards.read_jobs(folder)
-    running = ex.alive(jobs)
-    held = {cid for j in jobs if j["job_id"] in running for cid in j["cases"]}
-    finished_before = set(shards.finished_rows(folder))
-    todo = [c for c in cases if c.case_id not in finished_before | held]
     new: list[dict] = []
     if todo:
         rate = meta["plan_matmul_fp32_gflops"] * 1e9
         parts = shards.split([(c, cost) for c, _, cost in estimate.plan_cases(todo, rate)],
                              settings.shards)
         first = max(shards.shard_indices(folder) + [j["shard"] for j in jobs], default=-1) + 1
-        new = ex.submit(settings, folder, parts, first)
+        new = _submit(settings, folder, parts, first, created)
         shards.write_jobs(folder, jobs + new)
+    meta.setdefault("started", now())
+    meta.setdefault("sessions", []).append({"started": now(), "ended": None,
+                                            "executor": settings.kind, "shards": settings.shards})
+    meta.update({"matrix": matrix, "cases": len(cases), "ended": None})
+    store.write_meta(meta)
     watch = [j for j in jobs if j["job_id"] in running] + new
     for j in watch:
         print(f"{'submitted' if j in new else 'waiting for'} shard {j['shard']}: "
@@ -104,6 +107,23 @@ def run(matrix: dict, cases: list[Case], store: RunStore, resume: bool,
     from harness.cli_report import report_dir
 
     return report_dir(folder)
+
+
+def _submit(settings: ex.Settings, folder: Path, parts: list[list[Case]], first: int,
+            created: bool) -> list[dict]:
+    """ex.submit; a submission the scheduler refuses (a bad partition, account, option) is
+    a UsageError, and a run folder this call created is removed again."""
+    from submitit.core.utils import FailedJobError
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):  # submitit prints sbatch's stderr too
+            return ex.submit(settings, folder, parts, first)
+    except FailedJobError as e:
+        if created:  # submitit's files only: this run folder did not exist before
+            shutil.rmtree(folder, ignore_errors=True)
+        lines = [ln for ln in (str(e) or said.getvalue()).splitlines() if ln.strip()]
+        raise UsageError(f"the scheduler refused the jobs: {lines[-1] if lines else e!r}") from None
 
 
 def _watch(jobs: list[dict], cases: list[Case], folder: Path) -> None:

@@ -138,6 +138,17 @@ def test_scancel_one_shard_then_rerun_finishes_each_case_once(tmp_path, monkeypa
     assert len(jobs) == 3 and len(jobs[2]["cases"]) == 3 - done_before  # only the rest again
 
 
+@needs_slurm
+def test_refused_submission_exits_2_writes_nothing(tmp_path, capsys):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    argv = ("--executor", "slurm", "--slurm-partition", "no-such-partition")
+    assert _run(cfg, tmp_path / "runs", "r", *argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refused" in err and "partition" in err
+    assert not (tmp_path / "runs" / "r").exists()
+
+
 def _rows_or_none(path: Path) -> list[dict]:
     return shards.read_rows(path) if path.exists() else []
 
