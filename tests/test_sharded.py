@@ -229,3 +229,17 @@ def test_bad_executor_table_exits_2(tmp_path, capsys, table, words):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_report_notes_warn_about_mixed_hardware_and_shared_nodes():
+    rec = {"host": "a", "cpu_model": "EPYC", "cpu_count": 64, "cuda_devices": ["H100"],
+           "shards_on_node": 1}
+    same = {"shards": [rec, {**rec, "host": "b"}]}
+    assert not any("Warning" in n for n in shards.environment_notes(same, {"cuda"}))
+    assert "host(s): a (1), b (1)" in shards.environment_notes(same, {"cuda"})[-1]
+    mixed = {"shards": [rec, {**rec, "host": "b", "cuda_devices": ["A100"]}]}
+    assert "different hardware" in shards.environment_notes(mixed, {"cuda"})[0]
+    shared = {"shards": [{**rec, "shards_on_node": 2}, {**rec, "shards_on_node": 2}]}
+    assert not any("CPU timings" in n for n in shards.environment_notes(shared, {"cuda"}))
+    assert "2 shards at once on one node (a)" in shards.environment_notes(shared, {"cpu"})[0]
+    assert shards.environment_notes({}, {"cpu"}) == []  # a serial run: nothing to say
