@@ -148,7 +148,8 @@ def run_shard(folder: str, index: int, cases: list, executor: str) -> dict:
     done = store.done_ids()  # also cuts a partial last line this shard's killed attempt left
     threads = cases[0].threads if cases else 1
     env = environment(threads)
-    record = {"shard": index, "executor": executor, "job_id": _job_id(), "host": socket.gethostname(),
+    record = {"shard": index, "executor": executor, "job_id": _job_id(),
+              "host": socket.gethostname(),
               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
               "cases": len(cases), "started": now(), "ended": None, "counts": None,
               "matmul_fp32_gflops": matmul_fp32_gflops(threads),

@@ -6,7 +6,7 @@ executor settings refused before anything is written; the split itself."""
 from __future__ import annotations
 
 import csv
-import os
+import json
 import shutil
 import subprocess
 import time
@@ -31,13 +31,18 @@ TINY = ('variants = ["sdpa", "linear"]\nseq_lens = [64, 128]\nheads = 1\nhead_di
 def _slurm_reason() -> str | None:
     if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
         return "Slurm's client commands are not installed (.ci/slurm.sh start installs them)"
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "no Slurm controller reachable (scontrol ping: no answer in 30 s)"
     if ping.returncode != 0:
-        return f"no Slurm controller reachable ({' '.join(ping.stdout.split())[:80]})"
+        said = " ".join((ping.stdout + ping.stderr).split())[:120]
+        return f"no Slurm controller reachable ({said})"
     return None
 
 
-needs_slurm = pytest.mark.skipif(_slurm_reason() is not None, reason=str(_slurm_reason()))
+_NO_SLURM = _slurm_reason()
+needs_slurm = pytest.mark.skipif(_NO_SLURM is not None, reason=str(_NO_SLURM))
 
 
 def _rows(path: Path) -> list[dict]:
@@ -74,7 +79,6 @@ def _same_as_serial(serial_csv: Path, folder: Path, jobs: int) -> None:
     ids = Counter(r["case_id"] for i in shards.shard_indices(folder)
                   for r in _rows(shards.shard_csv(folder, i)))
     assert set(ids.values()) == {1} and len(ids) == len(_rows(serial_csv))
-    import json
     meta = json.loads((folder / "meta.json").read_text())
     assert len(meta["shards"]) == jobs and {r["shard"] for r in meta["shards"]} == set(range(jobs))
     assert "matrix" in meta and "executor" not in meta["matrix"]
