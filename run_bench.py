@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = _parser().parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # to print a rerun command
         if args.command is None:  # the default job: the quick CPU matrix, then its report
             run_dir = cli_run.run_default()
             return cli_report.report_dir(run_dir)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import shlex
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 from tabulate import tabulate
 
 import variants
+from harness import estimate, executors, sharded, shards
 from harness import matrix as mx
 from harness import runner
 from harness.errors import UsageError
@@ -62,6 +65,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     sett.add_argument("--mem-limit-mib", dest="mem_limit_mib",
                       help="worker address-space cap above its baseline (0: MemAvailable*0.9)")
     sett.add_argument("--err-rows", dest="err_rows", help="query rows sampled for the error")
+    executors.add_args(p)
 
 
 def _parse(text: str, typ, flag: str):
@@ -91,19 +95,29 @@ def _run_id() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
-def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | None) -> Path:
-    """Check, then run a matrix; returns the run folder. UsageError before any writing."""
+def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | None,
+               settings: executors.Settings | None = None, argv: list[str] | None = None):
+    """Check, then run a matrix; returns the run folder (serial) or the exit status (shards).
+
+    UsageError before any writing."""
+    settings = settings or executors.Settings()
     matrix, cases = mx.load(source, overrides)
     if not cases:
         raise UsageError("the matrix has no cases")
-    if any(c.device == "cuda" for c in cases) and not torch.cuda.is_available():
+    local = settings.kind != "slurm"  # Slurm jobs run on the cluster's nodes, not here
+    if local and any(c.device == "cuda" for c in cases) and not torch.cuda.is_available():
         raise UsageError("the matrix asks for device cuda but CUDA is not available here "
                          "(--device cpu, or --dry-run to see the plan)")
     run_id = run_id or _run_id()
     if not run_id or "/" in run_id or run_id in (".", ".."):
         raise UsageError(f"--run-id must be a plain folder name, got {run_id!r}")
+    executors.check_available(settings)
     store = RunStore(Path(results_dir) / run_id)
     resume = store.check(matrix)
+    if settings.kind != "serial":
+        return sharded.run(matrix, cases, store, resume, settings, _rerun(argv, run_id))
+    if resume:
+        sharded.merge_before_serial(store, cases)
     counts = runner.run(matrix, cases, store, resume=resume)
     summary = ", ".join(f"{s} {counts[s]}" for s in runner.STATUSES)
     earlier = len(cases) - sum(counts.values())
@@ -112,13 +126,24 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
     return store.folder
 
 
+def _rerun(argv: list[str] | None, run_id: str) -> str:
+    """The command that waits for this run's jobs, merges and reports: the same command
+    without --no-wait, with the run id."""
+    argv = [a for a in (argv or []) if a != "--no-wait"]
+    if not any(a == "--run-id" or a.startswith("--run-id=") for a in argv):
+        argv += ["--run-id", run_id]
+    return shlex.join([sys.executable.rsplit("/", 1)[-1], "run_bench.py", *argv])
+
+
 def run_command(args) -> int:
     import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
     source = args.config or args.preset or "quick"
+    settings = executors.settings_from(args, mx.read_toml(source).get("executor"))
     if args.dry_run:
-        return plan(source, overrides_from(args))
-    run_matrix(source, overrides_from(args), args.results_dir, args.run_id)
-    return 0
+        return plan(source, overrides_from(args), settings.shards)
+    out = run_matrix(source, overrides_from(args), args.results_dir, args.run_id, settings,
+                     getattr(args, "argv", None))
+    return out if isinstance(out, int) else 0
 
 
 def run_default() -> Path:
@@ -126,39 +151,29 @@ def run_default() -> Path:
     return run_matrix("quick", {"devices": ["cpu"]}, Path("results"), None)
 
 
-def plan(source: str, overrides: dict) -> int:
-    """Print the cases, their declared skips and a rough time estimate; run nothing.
-
-    Estimate per case (compute-bound, so a lower bound for variants far below their FLOP
-    rate): 0.5 s of overhead, the float64 reference at a quarter of the measured fp32
-    matmul rate, and the workers' calls (memory: a warm-up and the probe; time: the error
-    pass, a warm-up, then max(min_repeats, min_run_time / t + 1) timed) of
-    t = flops / (0.25 * matmul rate), capped at the case's timeout. The memory guard's
-    extrapolated refusals need measured peaks, so they are not known here.
-    """
+def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
+    """Print the cases, their declared skips and a rough time estimate (harness.estimate);
+    with n_shards > 1, also each shard's share."""
     _, cases = mx.load(source, overrides)
     rate = matmul_fp32_gflops(cases[0].threads if cases else 1) * 1e9
     skipped, reasons, total_s = 0, Counter(), 0.0
-    for case in cases:
-        module = variants.build(case.variant, **case.param_dict)
-        why = runner.skip_reasons(case, module)
+    planned = estimate.plan_cases(cases, rate)
+    for case, why, cost in planned:
         if why:
             skipped += 1
             reasons[f"{case.variant}: {'; '.join(why)}"] += 1
             continue
-        flops = runner.case_row(case, module)["flops"]
-        t = flops / (0.25 * rate)
-        rows = min(case.seq_len, case.err_rows)
-        ref = 4 * case.batch * case.heads * rows * case.seq_len * case.head_dim / (0.25 * rate)
-        calls = 4 + max(case.min_repeats,
-                                                  case.min_run_time_s / max(t, 1e-9) + 1)
-        est = 0.5 + ref + t * calls
-        total_s += min(est, case.timeout_s)
+        total_s += cost
     print(f"{len(cases)} cases; {skipped} skipped as declared unsupported; "
           f"{len(cases) - skipped} to run, compute-bound estimate {total_s / 60:.1f} min "
           f"(fp32 matmul {rate / 1e9:.0f} GFLOP/s here)")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
+    if n_shards > 1:
+        cost = {c.case_id: t for c, _, t in planned}
+        for i, part in enumerate(shards.split([(c, t) for c, _, t in planned], n_shards)):
+            print(f"  shard {i}: {len(part)} cases, estimate "
+                  f"{sum(cost[c.case_id] for c in part) / 60:.1f} min")
     return 0
 
 

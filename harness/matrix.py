@@ -268,5 +268,7 @@ def expand(matrix: dict) -> list[Case]:
 
 def load(source: str, overrides: dict | None = None) -> tuple[dict, list[Case]]:
     """Read, check and expand a preset or TOML file: (normalised matrix, cases)."""
-    matrix = normalise(read_toml(source), overrides)
+    raw = read_toml(source)
+    raw.pop("executor", None)  # how to run it (harness.executors), not part of what is run
+    matrix = normalise(raw, overrides)
     return matrix, expand(matrix)

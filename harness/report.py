@@ -16,6 +16,7 @@ import pandas as pd
 
 from . import plots
 from . import report_tables as T
+from . import shards
 from .run_folder import SETTING, load_run
 
 SECTIONS = ("Answers", "Empirical complexity", "Crossover lengths",
@@ -151,9 +152,13 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
                ("p", "Every skipped, oom, timeout, error and nonfinite case, with its reason."
                      if not status.empty else "None: every case ran."), ("table", status)]
 
-    env = {k: v for k, v in meta.items() if k != "matrix"}
-    blocks += [("h", 2, "Environment"),
-               ("table", pd.DataFrame({"key": list(env), "value": [
+    env = {k: v for k, v in meta.items() if k not in ("matrix", "shards")}
+    blocks += [("h", 2, "Environment")]
+    # a sharded run (harness.shards): where its cases ran, and warnings about it
+    blocks += [("p", note) for note in shards.environment_notes(meta, set(df["device"]))]
+    if meta.get("shards"):
+        blocks.append(("table", pd.DataFrame(shards.shard_rows(meta["shards"]))))
+    blocks += [("table", pd.DataFrame({"key": list(env), "value": [
                    json.dumps(v) if isinstance(v, (dict, list)) else str(v) for v in env.values()]})),
                ("p", "The matrix as run:"), ("code", json.dumps(meta.get("matrix"), indent=1))]
     return blocks

@@ -179,17 +179,34 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     meta.setdefault("sessions", []).append({"started": now(), "ended": None})
     meta.update({"matrix": matrix, "cases": len(cases), "ended": None})
     store.write_meta(meta)
-    store.open()
-    guard, counts = MemoryGuard(), Counter()
-    workers = WorkerPair(store.folder / "worker.log")
-    timed_out: dict[tuple, int] = {}  # series -> shortest length that timed out
     bar = tqdm(total=len(cases), initial=sum(c.case_id in done for c in cases), unit="case",
                file=sys.stderr, dynamic_ncols=True)
+    try:
+        return measure(cases, store, done, store.folder / "worker.log", bar)
+    finally:
+        bar.close()
+        meta["sessions"][-1]["ended"] = meta["ended"] = now()
+        meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        store.write_meta(meta)
+
+
+def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
+            bar=None) -> Counter:
+    """The measuring loop: append one row per case not in `done`, in order, to the store.
+
+    Shared by the serial run (above) and each shard of a sharded one (harness.executors).
+    Returns the count of rows written by status. `bar`: a tqdm bar to advance, or None.
+    """
+    store.open()
+    guard, counts = MemoryGuard(), Counter()
+    workers = WorkerPair(log_path)
+    timed_out: dict[tuple, int] = {}  # series -> shortest length that timed out
     try:
         for case in cases:
             if case.case_id in done:
                 continue
-            bar.set_postfix_str(case.label(), refresh=True)
+            if bar is not None:
+                bar.set_postfix_str(case.label(), refresh=True)
             module = variants.build(case.variant, **case.param_dict)
             row = case_row(case, module)
             reasons = skip_reasons(case, module)
@@ -209,12 +226,9 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
                 timed_out[case.series()] = min(case.seq_len, timed_out.get(case.series(), case.seq_len))
             store.append(row)
             counts[row["status"]] += 1
-            bar.update(1)
+            if bar is not None:
+                bar.update(1)
     finally:
-        bar.close()
         workers.close()
         store.close()
-        meta["sessions"][-1]["ended"] = meta["ended"] = now()
-        meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-        store.write_meta(meta)
     return counts

@@ -29,9 +29,10 @@ def now() -> str:
 
 
 class RunStore:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, csv_path: Path | None = None):
         self.folder = Path(folder)
-        self.csv_path = self.folder / RESULTS
+        # a shard of a sharded run appends to its own file (harness.shards)
+        self.csv_path = Path(csv_path) if csv_path is not None else self.folder / RESULTS
         self.meta_path = self.folder / META
 
     # -- checks before anything is written ---------------------------------------------
@@ -78,7 +79,7 @@ class RunStore:
         return {r["case_id"] for r in rows}
 
     def open(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
         self._f = self.csv_path.open("a", newline="")
         self._w = csv.DictWriter(self._f, fieldnames=COLUMNS, extrasaction="raise")

@@ -1,0 +1,249 @@
+"""Sharded runs (`run --executor local|slurm --shards N`) against the serial run of the same
+matrix, on a real Slurm (.ci/slurm.sh starts one; these tests skip, saying so, where no
+controller answers) and on submitit's local executor; a cancelled shard resumed; bad
+executor settings refused before anything is written; the split itself."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import run_bench
+from harness import matrix as mx
+from harness import shards
+from harness.worker import EXTRA_ENV, import_extra
+
+REPO = Path(__file__).resolve().parent.parent
+FAKES = str(REPO / "tests" / "harness_fakes.py")
+import_extra(FAKES)
+
+TINY = ('variants = ["sdpa", "linear"]\nseq_lens = [64, 128]\nheads = 1\nhead_dim = 32\n'
+        'passes = ["forward"]\nmin_run_time_s = 0.01\nmin_repeats = 3\n')
+
+
+def _slurm_reason() -> str | None:
+    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
+        return "Slurm's client commands are not installed (.ci/slurm.sh start installs them)"
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "no Slurm controller reachable (scontrol ping: no answer in 30 s)"
+    if ping.returncode != 0:
+        said = " ".join((ping.stdout + ping.stderr).split())[:120]
+        return f"no Slurm controller reachable ({said})"
+    return None
+
+
+_NO_SLURM = _slurm_reason()
+needs_slurm = pytest.mark.skipif(_NO_SLURM is not None, reason=str(_NO_SLURM))
+
+
+def _rows(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _header(path: Path) -> list[str]:
+    with path.open(newline="") as f:
+        return next(csv.reader(f))
+
+
+def _run(cfg: Path, out: Path, run_id: str, *extra: str) -> int:
+    return run_bench.main(["run", "--config", str(cfg), "--results-dir", str(out),
+                           "--run-id", run_id, *extra])
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny matrix and its serial run (the reference for the sharded ones)."""
+    d = tmp_path_factory.mktemp("sharded")
+    cfg = d / "tiny.toml"
+    cfg.write_text(TINY)
+    assert _run(cfg, d, "serial") == 0
+    return cfg, d, d / "serial" / "results.csv"
+
+
+def _same_as_serial(serial_csv: Path, folder: Path, jobs: int) -> None:
+    sharded = folder / "results.csv"
+    assert _header(sharded) == _header(serial_csv)
+    assert [r["case_id"] for r in _rows(sharded)] == [r["case_id"] for r in _rows(serial_csv)]
+    assert {r["status"] for r in _rows(sharded)} == {"ok"}
+    # every case was measured once: no id twice over the shard files
+    ids = Counter(r["case_id"] for i in shards.shard_indices(folder)
+                  for r in _rows(shards.shard_csv(folder, i)))
+    assert set(ids.values()) == {1} and len(ids) == len(_rows(serial_csv))
+    meta = json.loads((folder / "meta.json").read_text())
+    assert len(meta["shards"]) == jobs and {r["shard"] for r in meta["shards"]} == set(range(jobs))
+    assert "matrix" in meta and "executor" not in meta["matrix"]
+    assert (folder / "report.md").is_file()
+
+
+@needs_slurm
+def test_slurm_two_shards_match_serial(tiny):
+    cfg, d, serial = tiny
+    assert _run(cfg, d, "slurm", "--executor", "slurm", "--shards", "2") == 0
+    _same_as_serial(serial, d / "slurm", jobs=2)
+    jobs = shards.read_jobs(d / "slurm")
+    assert [j["executor"] for j in jobs] == ["slurm", "slurm"] and "_" in jobs[0]["job_id"]
+
+
+def test_local_two_shards_match_serial(tiny):
+    cfg, d, serial = tiny
+    assert _run(cfg, d, "local", "--executor", "local", "--shards", "2") == 0
+    _same_as_serial(serial, d / "local", jobs=2)
+    md = (d / "local" / "report.md").read_text()
+    assert "shards at once on one node" in md  # CPU timings with 2 shards on this node
+    before = (d / "local" / "results.csv").read_text()
+    # another executor is the same run: resumed, nothing left to measure
+    assert _run(cfg, d, "local", "--executor", "serial") == 0
+    assert (d / "local" / "results.csv").read_text() == before
+
+
+@needs_slurm
+def test_scancel_one_shard_then_rerun_finishes_each_case_once(tmp_path, monkeypatch):
+    monkeypatch.setenv(EXTRA_ENV, FAKES)  # the jobs inherit it and register the fakes
+    cfg = tmp_path / "slow.toml"
+    # each case sleeps through ~7 calls: ~3 s, so the cancel (SIGTERM, then SIGKILL after
+    # KillWait = 5 s) lands mid-shard and kills a worker in the middle of a case
+    cfg.write_text('variants = {_test_sleeps = [{seconds = 0.4}, {seconds = 0.45}]}\n'
+                   'seq_lens = [16, 32, 48]\nheads = 1\nhead_dim = 8\npasses = ["forward"]\n'
+                   'min_run_time_s = 0.01\nmin_repeats = 3\n')
+    argv = ("--executor", "slurm", "--shards", "2")
+    assert _run(cfg, tmp_path, "r", *argv, "--no-wait") == 0
+    folder = tmp_path / "r"
+    [a, b] = shards.read_jobs(folder)
+    deadline = time.monotonic() + 120
+    while not _rows_or_none(shards.shard_csv(folder, a["shard"])):
+        assert time.monotonic() < deadline, "shard 0 wrote no row in 120 s"
+        time.sleep(0.1)
+    subprocess.run(["scancel", a["job_id"]], check=True)
+    from harness.executors import alive
+    while a["job_id"] in alive([a]):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    done_before = len(_rows(shards.shard_csv(folder, a["shard"])))
+    assert 1 <= done_before < 3, "the cancel came after shard 0 had finished"
+    assert _run(cfg, tmp_path, "r", *argv) == 0  # the same command again
+    planned = [c.case_id for c in mx.load(str(cfg))[1]]
+    rows = _rows(folder / "results.csv")
+    assert [r["case_id"] for r in rows] == planned
+    assert {r["status"] for r in rows} == {"ok"}  # the killed worker left no error row
+    ids = Counter(r["case_id"] for i in shards.shard_indices(folder)
+                  for r in _rows(shards.shard_csv(folder, i)))
+    assert ids == Counter(planned)  # each case finished exactly once over all shard files
+    jobs = shards.read_jobs(folder)
+    assert len(jobs) == 3 and len(jobs[2]["cases"]) == 3 - done_before  # only the rest again
+
+
+@needs_slurm
+def test_refused_submission_exits_2_writes_nothing(tmp_path, capsys):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    argv = ("--executor", "slurm", "--slurm-partition", "no-such-partition")
+    assert _run(cfg, tmp_path / "runs", "r", *argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refused" in err and "partition" in err
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+def _rows_or_none(path: Path) -> list[dict]:
+    return shards.read_rows(path) if path.exists() else []
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--executor", "slurm"], "not on PATH"),
+    (["--executor", "slurm"], "no Slurm controller reachable"),
+    (["--executor", "kubernetes"], "invalid choice: 'kubernetes'"),
+    (["--executor", "local", "--shards", "0"], "shards must be positive"),
+    (["--executor", "local", "--shards", "two"], "shards must be int"),
+    (["--shards", "2"], "--shards needs --executor local or slurm"),
+    (["--executor", "local", "--slurm-opt", "=high"], "expected KEY=VALUE or KEY"),
+], ids=["no-sbatch", "no-controller", "unknown-executor", "zero-shards", "text-shards",
+        "serial-shards", "bad-opt"])
+def test_bad_executor_settings_exit_2_write_nothing(tmp_path, monkeypatch, capsys, argv, words):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    if words == "not on PATH":
+        empty = tmp_path / "bin"
+        empty.mkdir()
+        monkeypatch.setenv("PATH", str(empty))
+    if words.startswith("no Slurm controller"):
+        if shutil.which("scontrol") is None:
+            pytest.skip("scontrol is not installed: a dead controller cannot be asked")
+        conf = tmp_path / "slurm.conf"  # a controller nobody runs, on a port nobody serves
+        conf.write_text("ClusterName=dead\nSlurmctldHost=localhost\nSlurmctldPort=6999\n"
+                        f"AuthType=auth/munge\nAuthInfo=socket={tmp_path}/none.socket\n"
+                        "MessageTimeout=2\nNodeName=localhost CPUs=1\n"
+                        "PartitionName=debug Nodes=ALL Default=YES\n")
+        monkeypatch.setenv("SLURM_CONF", str(conf))
+    out = tmp_path / "runs"
+    assert _run(cfg, out, "r", *argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and err.startswith("run_bench.py: error:")
+    assert not out.exists()
+
+
+def test_executor_table_in_toml_is_not_the_matrix(tmp_path):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(TINY + '\n[executor]\nexecutor = "slurm"\nshards = 4\nslurm_time = 30\n')
+    plain = tmp_path / "p.toml"
+    plain.write_text(TINY)
+    assert mx.load(str(cfg)) == mx.load(str(plain))  # a rerun with other settings resumes
+
+
+def test_split_is_deterministic_balanced_and_keeps_series_whole():
+    cfg_cases = mx.expand(mx.normalise({
+        "variants": ["sdpa", "linear", "standard", "nystrom"], "seq_lens": [256, 1024, 4096],
+        "passes": ["forward", "forward_backward"], "heads": 2}))
+    cost = {c.case_id: c.seq_len ** 2 / 1e6 * (3 if c.backward else 1) for c in cfg_cases}
+    planned = [(c, cost[c.case_id]) for c in cfg_cases]
+    parts = shards.split(planned, 3)
+    assert parts == shards.split(planned, 3)
+    assert sorted(c.case_id for p in parts for c in p) == sorted(cost)
+    homes = {}
+    for i, p in enumerate(parts):
+        for c in p:
+            assert homes.setdefault(c.series(), i) == i  # a series never spans two shards
+        order = [cfg_cases.index(c) for c in p]
+        assert order == sorted(order)  # each shard keeps the matrix's order
+    loads = [sum(cost[c.case_id] for c in p) for p in parts]
+    # LPT: no shard exceeds the ideal share by more than the largest series
+    biggest = max(sum(cost[c.case_id] for c in cfg_cases if c.series() == s)
+                  for s in {c.series() for c in cfg_cases})
+    assert max(loads) <= sum(loads) / 3 + biggest
+    assert len(shards.split(planned[:2], 5)) == 1  # one series: one shard, none empty
+
+
+@pytest.mark.parametrize("table, words", [
+    ('executor = "slurm"\n', "must be a table ([executor])"),
+    ('[executor]\nexecutor = "local"\nnodes = 2\n', "unknown key(s) nodes"),
+    ('[executor]\nexecutor = "local"\nshards = 0\n', "shards must be positive"),
+])
+def test_bad_executor_table_exits_2(tmp_path, capsys, table, words):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(table + TINY if not table.startswith("[") else TINY + table)
+    assert _run(cfg, tmp_path / "runs", "r") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_report_notes_warn_about_mixed_hardware_and_shared_nodes():
+    rec = {"host": "a", "cpu_model": "EPYC", "cpu_count": 64, "cuda_devices": ["H100"],
+           "shards_on_node": 1}
+    same = {"shards": [rec, {**rec, "host": "b"}]}
+    assert not any("Warning" in n for n in shards.environment_notes(same, {"cuda"}))
+    assert "host(s): a (1), b (1)" in shards.environment_notes(same, {"cuda"})[-1]
+    mixed = {"shards": [rec, {**rec, "host": "b", "cuda_devices": ["A100"]}]}
+    assert "different hardware" in shards.environment_notes(mixed, {"cuda"})[0]
+    shared = {"shards": [{**rec, "shards_on_node": 2}, {**rec, "shards_on_node": 2}]}
+    assert not any("CPU timings" in n for n in shards.environment_notes(shared, {"cuda"}))
+    assert "2 shards at once on one node (a)" in shards.environment_notes(shared, {"cpu"})[0]
+    assert shards.environment_notes({}, {"cpu"}) == []  # a serial run: nothing to say
