@@ -16,6 +16,7 @@ import torch
 from tabulate import tabulate
 
 import variants
+from harness import capture
 from harness import matrix as mx
 from harness import runner
 from harness.errors import UsageError
@@ -104,6 +105,7 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
         raise UsageError(f"--run-id must be a plain folder name, got {run_id!r}")
     store = RunStore(Path(results_dir) / run_id)
     resume = store.check(matrix)
+    capture.prepare(cases)  # captured inputs: once, cached, before anything is measured
     counts = runner.run(matrix, cases, store, resume=resume)
     summary = ", ".join(f"{s} {counts[s]}" for s in runner.STATUSES)
     earlier = len(cases) - sum(counts.values())
