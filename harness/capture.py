@@ -36,6 +36,7 @@ found by `prepare`, cached as such, and those cases are skipped with the counts.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -140,8 +141,15 @@ def text_of(source: dict) -> str:
     return hf.load_text(source["text"])
 
 
+@functools.lru_cache(maxsize=16)
+def _text_sha(text_path: str | None, mtime_ns: int) -> str:
+    return hashlib.sha256(hf.load_text(text_path).encode()).hexdigest()
+
+
 def cache_path(source: dict, N: int, seed: int, windows: int) -> Path:
-    text_sha = hashlib.sha256(text_of(source).encode()).hexdigest()
+    """<cache>/<key digest>.pt: the captured q, k, v; `.with_suffix(".skip")`: why not."""
+    text = source["text"]
+    text_sha = _text_sha(text, Path(text).stat().st_mtime_ns if text else 0)
     key = {"v": _CACHE_VERSION, "model": _model_fingerprint(source["model"]), "text": text_sha,
            "N": N, "seed": seed, "windows": windows}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
@@ -155,22 +163,23 @@ def case_key(case) -> tuple[str, int, int, int]:
     return json.dumps(src, sort_keys=True), case.seq_len, case.seed, case.batch // layers
 
 
+def _positions_reason(case) -> str | None:
+    info = model_info(case_source(case)["model"])
+    if info.max_positions is not None and case.seq_len > info.max_positions:
+        return f"N={case.seq_len} is above the {info.max_positions} positions of model {info.name}"
+    return None
+
+
 def skip_reasons(case) -> list[str]:
     """Declared reasons a captured case cannot run: N above the model's positions, or (once
     `prepare` has tried) a text too short for N."""
     if not is_captured(case):
         return []
-    src = case_source(case)
-    info = model_info(src["model"])
-    if info.max_positions is not None and case.seq_len > info.max_positions:
-        return [f"N={case.seq_len} is above the {info.max_positions} positions of model "
-                f"{info.name}"]
-    path = cache_path(src, *case_key(case)[1:])
-    if path.is_file():
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if "skip" in saved:
-            return [saved["skip"]]
-    return []
+    far = _positions_reason(case)
+    if far:
+        return [far]
+    skip = cache_path(case_source(case), *case_key(case)[1:]).with_suffix(".skip")
+    return [skip.read_text()] if skip.is_file() else []
 
 
 # -- capture --------------------------------------------------------------------------------
@@ -233,7 +242,7 @@ def prepare(cases) -> int:
     """
     todo: dict[str, dict[tuple, Path]] = {}
     for case in cases:
-        if not is_captured(case) or skip_reasons(case):
+        if not is_captured(case) or _positions_reason(case):
             continue
         src_json, N, seed, windows = case_key(case)
         path = cache_path(json.loads(src_json), N, seed, windows)
@@ -241,26 +250,26 @@ def prepare(cases) -> int:
     made = 0
     for src_json, keys in todo.items():
         src = json.loads(src_json)
-        if all(p.is_file() for p in keys.values()):
-            continue
-        model, tok = load_capturing(src["model"])
-        info, text, short = model_info(src["model"]), text_of(src), []
-        for (N, seed, windows), path in keys.items():
-            if path.is_file():
-                continue
+        info = model_info(src["model"])
+        missing = {k: p for k, p in keys.items()
+                   if not p.is_file() and not p.with_suffix(".skip").is_file()}
+        if missing:  # the model is loaded only when something is not cached yet
+            model, tok = load_capturing(src["model"])
+            text = text_of(src)
+        for (N, seed, windows), path in missing.items():
             try:
                 ids = hf.token_windows(tok, text, N, windows, seed)
             except hf.TextTooShort as e:
-                short.append(N)
-                _atomic_write(path, lambda t: torch.save({"skip": str(e)}, t))
+                _atomic_write(path.with_suffix(".skip"), lambda t: t.write_text(str(e)))
                 continue
             q, k, v = capture(model, ids, info.layers)
             _atomic_write(path, lambda t: torch.save({"q": q, "k": k, "v": v,
                                                        "layers": info.layers}, t))
             made += 1
-        if short and len(short) == len(keys):
+        short = sorted({N for (N, _, _), p in keys.items() if p.with_suffix(".skip").is_file()})
+        if len(short) == len({N for N, _, _ in keys}):
             raise UsageError(f"text {src['text'] or '(default)'}: too short for every length "
-                             f"asked of model {info.name} (N = {', '.join(map(str, sorted(short)))})")
+                             f"asked of model {info.name} (N = {', '.join(map(str, short))})")
     return made
 
 
@@ -270,9 +279,9 @@ def load_inputs(case, dtype: torch.dtype, device) -> tuple[torch.Tensor, ...]:
     path = cache_path(json.loads(src_json), N, seed, windows)
     if not path.is_file():
         prepare([case])
+    if path.with_suffix(".skip").is_file():
+        raise ValueError(path.with_suffix(".skip").read_text())
     saved = torch.load(path, map_location="cpu", weights_only=True)
-    if "skip" in saved:
-        raise ValueError(saved["skip"])
     return tuple(saved[n].to(dtype=dtype, device=device).contiguous() for n in "qkv")
 
 

@@ -112,6 +112,7 @@ def test_bad_capture_sources_exit_2_and_write_nothing(tmp_path, capsys):
         (_toml(minilm, tmp_path / "empty.txt"), "is empty"),
         (_toml(noweights, None), "cannot load"),
         (_toml(minilm, tmp_path / "short.txt"), "too short for every length"),
+        (_toml(minilm, tmp_path / "short.txt"), "too short for every length"),  # cached: again
         ('inputs = ["gaussian"]\n[captures.gaussian]\nmodel = "x"\n', "is taken by a built-in"),
         ('inputs = ["minilm2"]\n', "unknown 'minilm2'; allowed: gaussian, sharp, local, minilm"),
     ]:
