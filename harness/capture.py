@@ -187,7 +187,8 @@ _RECORDED: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
 
 def _attend(module, query, key, value, attention_mask, **kwargs):
-    """transformers attention function: record q, k, v (B, H, N, D), then sdpa as the model would."""
+    """transformers attention function: record q, k, v (B, H, N, D), then sdpa as the model
+    would."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     H, D = query.shape[1], query.shape[-1]

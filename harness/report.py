@@ -19,9 +19,9 @@ from . import report_captured as RC
 from . import report_tables as T
 from .run_folder import SETTING, load_run, short_labels
 
-SECTIONS = ("Answers", "Error per layer on captured inputs", "Empirical complexity", "Crossover lengths",
-            "Time, memory and error by length", "Scaling plots", "Pareto front: error against time",
-            "Achieved GFLOP/s", "Cases not measured", "Variant settings", "Environment")
+SECTIONS = ("Answers", "Error per layer on captured inputs", "Empirical complexity",
+            "Crossover lengths", "Time, memory and error by length", "Scaling plots",
+            "Pareto front: error against time", "Achieved GFLOP/s", "Cases not measured", "Variant settings", "Environment")
 
 
 def _varying(df: pd.DataFrame) -> list[str]:
@@ -155,7 +155,7 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
             blocks.append(("img", path, f"{name} against sequence length"))
 
     blocks.append(("h", 2, "Pareto front: error against time"))
-    for i, v in enumerate(views):
+    for v in views:  # captured inputs first
         lengths = _pareto_lengths(v)
         kind = "captured" if v["input"].isin(RC.captured_inputs(df)).all() else "synthetic"
         name = "pareto_captured.png" if kind == "captured" else "pareto.png"

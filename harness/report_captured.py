@@ -50,7 +50,8 @@ def layer_tables(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         rows = []
         for _, r in g.sort_values("label", key=lambda s: s.map(order.index)).iterrows():
             layers = json.loads(r["layer_rel_err"])
-            row = {"variant": r["label"]} | {f"layer {i}": T.fmt_err(x) for i, x in enumerate(layers)}
+            row = {"variant": r["label"]} | {f"layer {i}": T.fmt_err(x)
+                                             for i, x in enumerate(layers)}
             row |= {"all layers": T.fmt_err(r["rel_err"]), "row_cos": _cos(r.get("row_cos"))}
             rows.append(row)
         out.append((f"{setting.split(' · ', 1)[1]} · N = {int(n)}", pd.DataFrame(rows)))
