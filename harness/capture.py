@@ -119,11 +119,13 @@ def is_captured(case) -> bool:
 
 # -- model facts, cached so that expanding a matrix does not import transformers ------------
 def _model_fingerprint(path: str) -> str:
-    """sha256 of config.json and of the weight files' names and sizes."""
+    """sha256 of config.json and of the weight files' names, sizes and modification times
+    (weights saved again, e.g. after fine-tuning, make a new capture)."""
     h = hashlib.sha256(Path(path, "config.json").read_bytes())
     for f in sorted(Path(path).iterdir()):
         if f.suffix in (".safetensors", ".bin", ".pt", ".pth"):
-            h.update(f"{f.name}:{f.stat().st_size}".encode())
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
 
 
