@@ -50,7 +50,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     narrow.add_argument("--device", help="cpu or cuda (comma-separated)")
     narrow.add_argument("--dtype", help="float32,bfloat16,...")
     narrow.add_argument("--pass", dest="pass_", help="forward and/or forward_backward")
-    narrow.add_argument("--inputs", help="gaussian,sharp,local")
+    narrow.add_argument("--inputs", help="gaussian,sharp,local,minilm (or a [captures.NAME])")
     narrow.add_argument("--causal", help="true, false or true,false")
     narrow.add_argument("--batch")
     narrow.add_argument("--heads")

@@ -102,7 +102,8 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
         ("p", f"{len(df)} cases, {df['label'].nunique()} variant configurations, lengths "
               f"{', '.join(str(n) for n in sorted(df['seq_len'].unique()))}. Status: "
               + ", ".join(f"{s} {n}" for s, n in counts.items()) + ". Times are medians (ms), "
-              "memory is the peak above the inputs (MiB), error is ||o - o_ref||_F / ||o_ref||_F.")]
+              "memory is the peak above the inputs (MiB), error is ||o - o_ref||_F / ||o_ref||_F "
+              "(rel_err) and row_cos the mean cosine of o's rows to o_ref's.")]
     _answers(df, view, blocks)
 
     tables = RC.layer_tables(df)
