@@ -4,6 +4,14 @@ rel_err = ||o - o_ref||_F / ||o_ref||_F and max_abs_err = max |o - o_ref| over t
 compared. o_ref is `variants.exact_reference` (float64, query-chunked, same causal flag)
 on the same q, k, v. For N > max_rows the error is taken on a random sample of max_rows
 query rows drawn from `seed` (torch.randperm), sorted; the number compared is `err_rows`.
+
+row_cos is the mean, over every compared (batch, head, query) row, of the cosine similarity
+between o's row and o_ref's row. rel_err alone misleads when o_ref is near zero: on i.i.d.
+inputs attention is near-uniform, each o_ref row is the mean of N random value rows (norm
+~ sqrt(D / N)), so a variant that is off by a small absolute amount reads rel_err ~ 1 or
+more. The cosine is scale-free per row: it asks whether each output points the right way.
+For captured inputs (batch = L layers x B windows, layer-major), `layers` = L also gives
+layer_rel_err: rel_err over each layer's slice of the batch.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ class Error:
     rel_err: float
     max_abs_err: float
     err_rows: int  # query rows compared (N when all)
+    row_cos: float = float("nan")
+    layer_rel_err: list[float] | None = None  # per layer (captured inputs), in layer order
 
 
 def sample_rows(N: int, max_rows: int, seed: int) -> torch.Tensor | None:
@@ -31,12 +41,22 @@ def sample_rows(N: int, max_rows: int, seed: int) -> torch.Tensor | None:
 
 
 def error(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-          *, max_rows: int = 1024, seed: int = 0) -> Error:
-    """Error of o (B, H, N, D) against float64 exact attention on q, k, v."""
+          *, max_rows: int = 1024, seed: int = 0, layers: int | None = None) -> Error:
+    """Error of o (B, H, N, D) against float64 exact attention on q, k, v.
+
+    `layers`: B is that many layers stacked layer-major; rel_err is also given per layer.
+    """
     N = q.shape[-2]
     rows = sample_rows(N, max_rows, seed)
     ref = variants.exact_reference(q.detach(), k.detach(), v.detach(), causal, rows=rows)
     got = (o if rows is None else o[:, :, rows.to(o.device)]).detach().double()  # (B, H, R, D)
     diff = got - ref
     rel = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref))
-    return Error(rel, float(diff.abs().max()), N if rows is None else len(rows))
+    cos = torch.nn.functional.cosine_similarity(got, ref, dim=-1)  # (B, H, R)
+    per_layer = None
+    if layers:
+        d, r = diff.unflatten(0, (layers, -1)), ref.unflatten(0, (layers, -1))
+        per_layer = (torch.linalg.vector_norm(d.flatten(1), dim=1)
+                     / torch.linalg.vector_norm(r.flatten(1), dim=1)).tolist()
+    return Error(rel, float(diff.abs().max()), N if rows is None else len(rows),
+                 float(cos.mean()), per_layer)

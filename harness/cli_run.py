@@ -18,7 +18,7 @@ import torch
 from tabulate import tabulate
 
 import variants
-from harness import estimate, executors, sharded, shards
+from harness import capture, estimate, executors, sharded, shards
 from harness import matrix as mx
 from harness import runner
 from harness.errors import UsageError
@@ -52,7 +52,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     narrow.add_argument("--device", help="cpu or cuda (comma-separated)")
     narrow.add_argument("--dtype", help="float32,bfloat16,...")
     narrow.add_argument("--pass", dest="pass_", help="forward and/or forward_backward")
-    narrow.add_argument("--inputs", help="gaussian,sharp,local")
+    narrow.add_argument("--inputs", help="gaussian,sharp,local,minilm (or a [captures.NAME])")
     narrow.add_argument("--causal", help="true, false or true,false")
     narrow.add_argument("--batch")
     narrow.add_argument("--heads")
@@ -114,6 +114,7 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
     executors.check_available(settings)
     store = RunStore(Path(results_dir) / run_id)
     resume = store.check(matrix)
+    capture.prepare(cases)  # captured inputs: once, cached, before anything is measured
     if settings.kind != "serial":
         return sharded.run(matrix, cases, store, resume, settings, _rerun(argv, run_id))
     if resume:

@@ -14,7 +14,7 @@ product and the union (first occurrence of each case id wins) is the run. Withou
     head_dim = 64
     dtypes = ["float32"]        # float32, float64, float16, bfloat16
     devices = ["cpu"]           # cpu, cuda
-    inputs = ["gaussian"]       # harness.inputs.DISTRIBUTIONS
+    inputs = ["gaussian"]       # harness.inputs.DISTRIBUTIONS, "minilm", or a [captures.NAME]
     passes = ["forward", "forward_backward"]
     causal = [false]
     seed = 0                    # inputs and variant state
@@ -24,6 +24,13 @@ product and the union (first occurrence of each case id wins) is the run. Withou
     threads = 0                 # torch.set_num_threads in the worker; 0: all cores
     err_rows = 1024             # error on a seeded sample of this many query rows when N is larger
     mem_limit_mib = 0           # worker address-space cap above its baseline; 0: MemAvailable * 0.9
+
+    [captures.NAME]             # a captured input of your own (harness.capture): a local
+    model = "PATH"              # Hugging Face model directory and a UTF-8 text file;
+    text = "PATH"               # then inputs = ["NAME"]
+
+A captured input's case records the model's real shape: batch = layers x the group's
+`batch` (token windows), heads and head_dim the model's; a causal model's cases are causal.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ else:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 import variants
+from harness import capture
 from harness.errors import UsageError
 from harness.inputs import DISTRIBUTIONS
 
@@ -89,10 +97,13 @@ class Case:
     threads: int
     err_rows: int
     mem_limit_mib: int
+    capture: str = ""  # a declared captured input: JSON {"model", "text"} paths (harness.capture)
 
     @property
     def case_id(self) -> str:
         key = {f: getattr(self, f) for f in KEY_FIELDS}
+        if self.capture:  # a user's source is its paths, not only its name
+            key["capture"] = self.capture
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -141,21 +152,23 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
     """
     errors: list[str] = []
     raw = copy.deepcopy(raw)
+    captures = capture.parse_sources(raw.pop("captures", None), DISTRIBUTIONS, errors)
+    inputs = DISTRIBUTIONS + tuple(capture.BUILTIN) + tuple(captures)
     groups_raw = raw.pop("groups", None)
     if groups_raw is not None and not (isinstance(groups_raw, list)
                                        and all(isinstance(g, dict) for g in groups_raw)):
         errors.append("'groups' must be an array of tables ([[groups]])")
         groups_raw = None
-    base = _check_group(raw, "top level", errors)
+    base = _check_group(raw, "top level", errors, inputs)
     groups = []
     for i, g in enumerate(groups_raw or [{}]):
         if "groups" in g:
             errors.append(f"groups[{i}]: groups do not nest")
-        merged = {**base, **_check_group(g, f"groups[{i}]", errors)}
+        merged = {**base, **_check_group(g, f"groups[{i}]", errors, inputs)}
         groups.append(merged)
     overrides = dict(overrides or {})
     narrow = overrides.pop("variants", None)
-    ov = _check_group(overrides, "command line", errors)
+    ov = _check_group(overrides, "command line", errors, inputs)
     full = []
     for i, g in enumerate(groups):
         g = {**{k: d for k, (d, _) in _KEYS.items()}, **g, **ov}
@@ -175,10 +188,10 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
         raise UsageError("; ".join(dict.fromkeys(errors)))
     for g in full:
         g.pop("params")
-    return {"groups": full}
+    return {"groups": full, **({"captures": captures} if captures else {})}
 
 
-def _check_group(table: dict, where: str, errors: list[str]) -> dict:
+def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTIONS) -> dict:
     out = {}
     for key, value in table.items():
         if key not in _KEYS:
@@ -192,7 +205,7 @@ def _check_group(table: dict, where: str, errors: list[str]) -> dict:
             if bad or not value:
                 errors.append(f"{where}: {key!r} must be a non-empty list of {kind[5:]}, got {value!r}")
                 continue
-            allowed = _ALLOWED.get(key)
+            allowed = inputs if key == "inputs" else _ALLOWED.get(key)
             wrong = [v for v in value if allowed is not None and v not in allowed]
             if wrong:
                 errors.append(f"{where}: {key}: unknown {', '.join(map(repr, wrong))}; "
@@ -254,14 +267,20 @@ def _resolve_variants(spec, params: dict, where: str, errors: list[str]) -> dict
 def expand(matrix: dict) -> list[Case]:
     """Every case of a normalised matrix, seq_len innermost and ascending, deduplicated."""
     cases: dict[str, Case] = {}
+    captures = matrix.get("captures", {})
     for g in matrix["groups"]:
         settings = [(n, p) for n, ps in g["variants"].items() for p in ps]
         axes = (settings, g["devices"], g["dtypes"], g["batch"], g["heads"], g["head_dim"],
                 g["causal"], g["passes"], g["inputs"], sorted(g["seq_lens"]))
         for (name, params), device, dtype, B, H, D, causal, pass_, dist, N in itertools.product(*axes):
+            src = ""
+            if dist not in DISTRIBUTIONS:  # captured: the model fixes the shape (harness.capture)
+                info = capture.model_info(capture.source_of(dist, captures)["model"])
+                B, H, D, causal = info.layers * B, info.heads, info.head_dim, causal or info.causal
+                src = json.dumps(captures[dist], sort_keys=True) if dist in captures else ""
             c = Case(name, params, device, dtype, B, H, D, N, causal, pass_, dist, g["seed"],
                      float(g["min_run_time_s"]), g["min_repeats"], float(g["timeout_s"]),
-                     g["threads"] or os.cpu_count() or 1, g["err_rows"], g["mem_limit_mib"])
+                     g["threads"] or os.cpu_count() or 1, g["err_rows"], g["mem_limit_mib"], src)
             cases.setdefault(c.case_id, c)
     return list(cases.values())
 

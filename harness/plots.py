@@ -144,8 +144,10 @@ def scaling_plot(df: pd.DataFrame, metric: str, ylabel: str, path: Path,
     return _save(fig, path)
 
 
-def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path) -> Path:
-    """rel_err against time_ms at the given lengths (rows) per input (columns).
+def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path, err: str = "rel_err",
+                ylabel: str = "relative error") -> Path:
+    """An error column (rel_err unless told) against time_ms at the given lengths (rows) per
+    input (columns).
 
     df: ok rows of one pass/shape with a `line` column. The Pareto front (no other point
     both faster and more accurate) is joined by a step line and labelled.
@@ -161,28 +163,28 @@ def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path) -> Path:
         for c, inp in enumerate(inputs):
             ax = axes[r][c]
             sub = df[(df["seq_len"] == n) & (df["input"] == inp)].copy()
-            sub = sub[np.isfinite(sub["time_ms"]) & np.isfinite(sub["rel_err"])]
+            sub = sub[np.isfinite(sub["time_ms"]) & np.isfinite(sub[err])]
             # Exact paths can reach 0 error; clip so they stay on the log axis.
-            sub["rel_err"] = sub["rel_err"].clip(lower=1e-9)
+            sub[err] = sub[err].clip(lower=1e-9)
             if sub.empty:
                 ax.set_axis_off()
                 continue
-            sns.scatterplot(data=sub, x="time_ms", y="rel_err", hue="line", style="line",
+            sns.scatterplot(data=sub, x="time_ms", y=err, hue="line", style="line",
                             palette=palette, markers=markers, legend=False, ax=ax, s=25)
-            front = sub[pareto_front(sub["time_ms"], sub["rel_err"])].sort_values("time_ms")
-            ax.step(front["time_ms"], front["rel_err"], where="post", color="black",
+            front = sub[pareto_front(sub["time_ms"], sub[err])].sort_values("time_ms")
+            ax.step(front["time_ms"], front[err], where="post", color="black",
                     linewidth=0.8, alpha=0.6)
             # Front points often sit side by side at one error level: short labels,
             # alternately above and below, so neighbours do not overprint.
             for i, (_, row) in enumerate(front.iterrows()):
-                ax.annotate(_short(row["line"]), (row["time_ms"], row["rel_err"]), fontsize=6,
+                ax.annotate(_short(row["line"]), (row["time_ms"], row[err]), fontsize=6,
                             xytext=(3, 4 if i % 2 == 0 else -9), textcoords="offset points")
             _log_axes(ax)
             _ticks_125(ax.xaxis)
             ax.tick_params(axis="x", labelsize=7)
             ax.set_title(f"N = {n} · {inp}", fontsize=9)
             ax.set_xlabel("time (ms)")
-            ax.set_ylabel("relative error" if c == 0 else "")
+            ax.set_ylabel(ylabel if c == 0 else "")
             ax.grid(True, alpha=0.3)
     _adjust(fig, len(lengths), len(inputs))
     _legend(fig, palette, len(inputs), markers=markers)

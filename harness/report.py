@@ -15,13 +15,14 @@ from pathlib import Path
 import pandas as pd
 
 from . import plots
+from . import report_captured as RC
 from . import report_tables as T
 from . import shards
-from .run_folder import SETTING, load_run
+from .run_folder import SETTING, load_run, short_labels
 
-SECTIONS = ("Answers", "Empirical complexity", "Crossover lengths",
-            "Time, memory and error by length", "Scaling plots", "Pareto front: error against time",
-            "Achieved GFLOP/s", "Cases not measured", "Environment")
+SECTIONS = ("Answers", "Error per layer on captured inputs", "Empirical complexity",
+            "Crossover lengths", "Time, memory and error by length", "Scaling plots",
+            "Pareto front: error against time", "Achieved GFLOP/s", "Cases not measured", "Variant settings", "Environment")
 
 
 def _varying(df: pd.DataFrame) -> list[str]:
@@ -58,11 +59,20 @@ def _pareto_lengths(view: pd.DataFrame) -> list[int]:
 
 
 def _answers(df, view, blocks):
+    column, text = T.criterion(df)
+    captured = RC.captured_inputs(df)
     blocks += [("h", 2, "Answers"),
-               ("p", f"Fastest variant whose relative error is below {T.ERR_LIMIT} (against "
-                     "float64 exact attention), per setting, at the largest length every "
-                     "variant was run at, and at N = 16384 and 4096 when measured."),
+               ("p", f"Fastest variant with {text} (against float64 exact attention), per "
+                     "setting, at the largest length every variant was run at, and at "
+                     "N = 16384 and 4096 when measured"
+                     + (f"; real attention ({', '.join(captured)}: q, k, v captured from a "
+                        "pretrained model's layers) first, synthetic inputs after." if captured
+                        else ".")
+                     + (" Beside it, the approximate variant closest to exact attention." if
+                        column == "row_cos" else "")),
                ("table", T.fastest_accurate(df, _varying(df)))]
+    if column == "row_cos":
+        blocks.append(("p", RC.WHY_CRITERION))
     if view.empty:
         return
     first = view.iloc[0]
@@ -80,15 +90,31 @@ def _answers(df, view, blocks):
 def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
     """The report as blocks: ("h", level, text), ("p", text), ("table", df), ("img", path, alt),
     ("code", text). Writes the plots into run_dir/plots as it goes."""
-    view = _with_lines(_primary(df))
+    df = RC.captured_first(df)
+    labels = short_labels(zip(df["variant"], df["params"]))  # only what varies, per variant
+    df["label"] = [labels[(v, p)] for v, p in zip(df["variant"], df["params"])]
+    captured = df["input"].isin(RC.captured_inputs(df))
+    views = [v for v in (_with_lines(_primary(df[captured])), _with_lines(_primary(df[~captured])))
+             if not v.empty]
+    view = views[0] if views else _with_lines(_primary(df))
     counts = df["status"].value_counts()
     blocks: list[tuple] = [
         ("h", 1, f"attnbench report: {run_dir.name}"),
         ("p", f"{len(df)} cases, {df['label'].nunique()} variant configurations, lengths "
               f"{', '.join(str(n) for n in sorted(df['seq_len'].unique()))}. Status: "
               + ", ".join(f"{s} {n}" for s, n in counts.items()) + ". Times are medians (ms), "
-              "memory is the peak above the inputs (MiB), error is ||o - o_ref||_F / ||o_ref||_F.")]
+              "memory is the peak above the inputs (MiB), error is ||o - o_ref||_F / ||o_ref||_F "
+              "(rel_err) and row_cos the mean cosine of o's rows to o_ref's.")]
     _answers(df, view, blocks)
+
+    tables = RC.layer_tables(df)
+    blocks += [("h", 2, "Error per layer on captured inputs"),
+               ("p", "rel_err of each variant on each model layer's own q, k, v (layers "
+                     "differ: attention sharpens or spreads with depth), then over all "
+                     "layers, and the mean row cosine." if tables else
+                     "No captured inputs in this run (inputs = [\"minilm\"] adds them).")]
+    for title, table in tables:
+        blocks += [("h", 3, title), ("table", table)]
 
     blocks += [("h", 2, "Empirical complexity"),
                ("p", "Least-squares slope k of log(metric) against log(N) over each variant's "
@@ -115,6 +141,9 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
                    ("p", "peak_mem_mib"), ("table", T.metric_pivot(g, "peak_mem_mib")),
                    ("p", "memory ratio"), ("table", T.ratio_pivot(g, "peak_mem_mib")),
                    ("p", "rel_err"), ("table", T.metric_pivot(g, "rel_err", T.fmt_err))]
+        if "row_cos" in g.columns and g["row_cos"].notna().any():
+            blocks += [("p", "row_cos"),
+                       ("table", T.metric_pivot(g, "row_cos", lambda x: f"{x:.4f}"))]
 
     ok = _with_lines(T.ok_rows(df))
     blocks.append(("h", 2, "Scaling plots"))
@@ -128,14 +157,19 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
             blocks.append(("img", path, f"{name} against sequence length"))
 
     blocks.append(("h", 2, "Pareto front: error against time"))
-    if not view.empty:
-        lengths = _pareto_lengths(view)
-        path = plots.pareto_plot(view, lengths, run_dir / "plots" / "pareto.png")
-        blocks += [("p", f"Setting: {view.iloc[0]['setting'].split(' · ', 1)[0]}, "
-                         "non-causal where measured. The front: no other variant is both "
-                         "faster and more accurate."), ("img", path, "error against time")]
+    for v in views:  # captured inputs first
+        lengths = _pareto_lengths(v)
+        kind = "captured" if v["input"].isin(RC.captured_inputs(df)).all() else "synthetic"
+        name = "pareto_captured.png" if kind == "captured" else "pareto.png"
+        errv, err, ylabel = T.error_axis(v)
+        path = plots.pareto_plot(errv, lengths, run_dir / "plots" / name, err, ylabel)
+        blocks += [("h", 3, f"{kind} inputs"),
+                   ("p", f"Setting: {v.iloc[0]['setting'].split(' · ', 1)[0]} · "
+                         f"{v.iloc[0]['setting'].rsplit(' · ', 1)[1]}, non-causal where "
+                         "measured. The front: no other variant is both faster and more "
+                         "accurate."), ("img", path, f"error against time, {kind} inputs")]
         for n in lengths:
-            blocks += [("h", 3, f"N = {n}"), ("table", T.pareto_table(view, n))]
+            blocks += [("h", 4, f"N = {n}"), ("table", T.pareto_table(v, n))]
 
     rate = meta.get("matmul_fp32_gflops")
     blocks += [("h", 2, "Achieved GFLOP/s"),
@@ -151,6 +185,10 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
     blocks += [("h", 2, "Cases not measured"),
                ("p", "Every skipped, oom, timeout, error and nonfinite case, with its reason."
                      if not status.empty else "None: every case ran."), ("table", status)]
+
+    blocks += [("h", 2, "Variant settings"),
+               ("p", "Labels name only the parameters that tell a variant's settings in this "
+                     "run apart; here is each one in full."), ("table", RC.settings_table(df))]
 
     env = {k: v for k, v in meta.items() if k not in ("matrix", "shards")}
     blocks += [("h", 2, "Environment")]
@@ -180,10 +218,23 @@ def to_markdown(blocks: list[tuple], run_dir: Path) -> str:
     return "\n\n".join(out) + "\n"
 
 
-_CSS = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em}"
-        "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-        "td:first-child{text-align:left}img{max-width:100%}pre{background:#f4f4f4;padding:1em}")
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;
+  max-width:1400px;margin:2em auto;padding:0 1.5em;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em}
+h2{font-size:1.3em;margin-top:2em;padding-bottom:.2em;border-bottom:2px solid #d0d7de}
+h3{font-size:1.05em;margin-top:1.4em;color:#333}h4{font-size:.95em;margin:1em 0 .3em;color:#555}
+p{max-width:110ch}
+table{border-collapse:collapse;font-size:13px;margin:.6em 0 1.2em;
+  font-variant-numeric:tabular-nums;box-shadow:0 1px 2px rgba(0,0,0,.06)}
+th{background:#f1f3f5;font-weight:600;text-align:right;position:sticky;top:0}
+td,th{border:1px solid #d8dee4;padding:4px 9px;text-align:right;white-space:nowrap}
+td:first-child,th:first-child{text-align:left}
+tbody tr:nth-child(even){background:#fafbfc}tbody tr:hover{background:#eef6ff}
+img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+pre{background:#f6f8fa;padding:1em;overflow:auto;font-size:12px}
+summary{cursor:pointer;color:#0969da}
+""".replace("\n", "")
 
 
 def to_html(blocks: list[tuple], title: str) -> str:

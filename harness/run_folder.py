@@ -1,7 +1,8 @@
 """Read a results folder (results.csv + meta.json, DESIGN.md's contract) into one DataFrame.
 
 The report and compare only read what `run` wrote; they never measure. Adds two derived
-columns: `label` (variant plus its parameters, e.g. `sliding_window(window=256)`) and
+columns: `label` (variant plus its parameters, e.g. `sliding_window(window=256)`; the
+report shortens it with `short_labels`) and
 `setting` (the case dimensions other than the variant and the length, as one string).
 """
 
@@ -42,6 +43,24 @@ def variant_label(variant: str, params: str) -> str:
     if not parsed:
         return variant
     return f"{variant}({', '.join(f'{k}={_fmt_value(parsed[k])}' for k in sorted(parsed))})"
+
+
+def short_labels(pairs) -> dict[tuple[str, str], str]:
+    """(variant, params JSON) -> label naming only the parameters that differ between that
+    variant's settings here: unambiguous, since two settings always differ in some key."""
+    by_variant: dict[str, list[dict]] = {}
+    for variant, params in dict.fromkeys(pairs):
+        by_variant.setdefault(variant, []).append(json.loads(params) if params.strip() else {})
+    out = {}
+    for variant, settings in by_variant.items():
+        keys = sorted({k for s in settings for k in s})
+        varying = [k for k in keys if len({json.dumps(s.get(k)) for s in settings}) > 1]
+        for s in settings:
+            shown = {k: s[k] for k in varying if k in s}
+            out[(variant, json.dumps(s, sort_keys=True))] = (
+                f"{variant}({', '.join(f'{k}={_fmt_value(v)}' for k, v in shown.items())})"
+                if shown else variant)
+    return out
 
 
 def _canonical_params(params: str) -> str:

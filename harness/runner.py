@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 import variants
+from harness import capture
 from harness.matrix import Case
 from harness.memory import MALLOC_ENV, MemoryGuard, is_oom_message
 from harness.store import RunStore, environment, matmul_fp32_gflops, now
@@ -160,7 +161,7 @@ def skip_reasons(case: Case, module) -> list[str]:
     reasons += module.unsupported_reasons(device=case.device, dtype=getattr(torch, case.dtype),
                                           causal=case.causal, seq_len=case.seq_len,
                                           head_dim=case.head_dim, backward=case.backward)
-    return reasons
+    return reasons + capture.skip_reasons(case)
 
 
 def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Counter:

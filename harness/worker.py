@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 import variants
-from harness import accuracy, memory, timing
-from harness.inputs import make_inputs
+from harness import accuracy, capture, memory, timing
+from harness.inputs import DISTRIBUTIONS, make_inputs
 from harness.matrix import Case
 
 EXTRA_ENV = "ATTNBENCH_EXTRA_MODULES"
@@ -73,8 +73,11 @@ def run_case(case: Case, part: str) -> dict:
     common = {"threads": torch.get_num_threads()}
     try:
         module = variants.build(case.variant, **case.param_dict).to(device)
-        q, k, v = make_inputs(case.input, case.batch, case.heads, case.seq_len, case.head_dim,
-                              dtype=dtype, device=device, seed=case.seed)
+        if case.input in DISTRIBUTIONS:
+            q, k, v = make_inputs(case.input, case.batch, case.heads, case.seq_len,
+                                  case.head_dim, dtype=dtype, device=device, seed=case.seed)
+        else:  # captured q, k, v, (layers x windows, H, N, D) from harness.capture's cache
+            q, k, v = capture.load_inputs(case, dtype, device)
         if device.type == "cpu":
             memory.cap_address_space(case.mem_limit_mib)
         try:
@@ -107,8 +110,12 @@ def _measure_time(case: Case, module, q, k, v, device) -> dict:
         o = module(q, k, v, causal=case.causal)
     if not bool(torch.isfinite(o).all()):
         return _result("nonfinite", "forward output has NaN or Inf")
-    err = accuracy.error(o, q, k, v, case.causal, max_rows=case.err_rows, seed=case.seed)
-    errors = {"rel_err": err.rel_err, "max_abs_err": err.max_abs_err, "err_rows": err.err_rows}
+    err = accuracy.error(o, q, k, v, case.causal, max_rows=case.err_rows, seed=case.seed,
+                         layers=capture.layers_of(case))
+    errors = {"rel_err": err.rel_err, "max_abs_err": err.max_abs_err, "err_rows": err.err_rows,
+              "row_cos": err.row_cos}
+    if err.layer_rel_err is not None:
+        errors["layer_rel_err"] = json.dumps([float(f"{x:.4g}") for x in err.layer_rel_err])
     del o
     fn = _prepared(case, module, q, k, v)
     start = time.perf_counter()

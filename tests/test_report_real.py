@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_report_of_a_small_real_run(tmp_path, capsys):
     run = [sys.executable, "run_bench.py", "run", "--preset", "quick", "--variants",
            "sdpa,standard", "--seq-lens", "128,256", "--results-dir", str(tmp_path),
-           "--run-id", "tiny", "--pass", "forward", "--min-run-time", "0.01", "--min-repeats", "3"]
+           "--run-id", "tiny", "--pass", "forward", "--min-run-time", "0.01", "--min-repeats", "3",
+           "--inputs", "gaussian"]  # captured inputs have their own test (test_capture.py)
     p = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     folder = tmp_path / "tiny"
@@ -31,7 +32,7 @@ def test_report_of_a_small_real_run(tmp_path, capsys):
     for title in SECTIONS:
         assert f"\n## {title}\n" in md
     assert "| sdpa " in md and "| standard " in md
-    n_pass = 1  # forward only, and the quick preset's one input distribution
+    n_pass = 1  # forward only, and one input distribution
     for name in ("time_vs_length.png", "memory_vs_length.png", "error_vs_length.png"):
         img = matplotlib.image.imread(folder / "plots" / name)
         w, h = plots.grid_size_px(n_pass, 1)
