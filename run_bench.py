@@ -5,6 +5,7 @@
     python run_bench.py report results/<run-id>
     python run_bench.py compare results/<a> results/<b>
     python run_bench.py list                 # variants, families, parameters
+    python run_bench.py model [--model minilm|PATH] [--text FILE]   # drift inside a real model
 
 Bad input ends with a one-line error on stderr and exit status 2.
 """
@@ -23,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness import cli_report, cli_run
+    from harness import cli_model, cli_report, cli_run
 
     p = _Parser(prog="run_bench.py", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
@@ -31,11 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     cli_run.add_list_args(sub.add_parser("list", help="list variants and their parameters"))
     cli_report.add_report_args(sub.add_parser("report", help="write the report of a run"))
     cli_report.add_compare_args(sub.add_parser("compare", help="compare two runs"))
+    cli_model.add_model_args(sub.add_parser(
+        "model", help="drift of a pretrained model when a variant replaces its attention"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness import cli_report, cli_run
+    from harness import cli_model, cli_report, cli_run
 
     try:
         args = _parser().parse_args(argv)
@@ -44,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             return cli_report.report_dir(run_dir)
         return {"run": cli_run.run_command, "list": cli_run.list_command,
                 "report": cli_report.report_command,
-                "compare": cli_report.compare_command}[args.command](args)
+                "compare": cli_report.compare_command,
+                "model": cli_model.model_command}[args.command](args)
     except UsageError as e:
         print(f"run_bench.py: error: {e}", file=sys.stderr)
         return 2
