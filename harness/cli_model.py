@@ -100,6 +100,9 @@ def _ints(text: str, flag: str, low: int) -> list[int]:
 
 def run_model(args) -> Path:
     """Check everything, then measure; returns the run folder. UsageError before any write."""
+    import torch
+
+    from harness import hf_source as hf
     from harness import model_drift as md
     from harness.cli_run import _run_id
     from harness.model_memory import Probe
@@ -121,13 +124,17 @@ def run_model(args) -> Path:
     done = store.check(settings)
     cases = [c for c in md.plan(specs, seq_lens)
              if row_key(md.base_row(c, source, windows, seed)) not in done]
-    probe = Probe(source, windows, seed, threads, cases) if cases else None
+    if not cases:
+        print(f"model {source.info.name}: all {len(done)} cases done earlier -> {store.csv_path}")
+        return store.folder
+    torch.set_num_threads(threads)
+    model, _ = hf.load_model(source.path)  # UsageError when transformers cannot load it
+    probe = Probe(source, windows, seed, threads, cases)
     try:
         store.open({"settings": settings, "started": now(), **environment(threads)})
-        counts = md.run(source, cases, store, windows, seed, threads, probe)
+        counts = md.run(source, model, cases, store, windows, seed, probe)
     finally:
-        if probe is not None:
-            probe.kill()
+        probe.kill()
     summary = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
     earlier = f" ({len(done)} done earlier)" if done else ""
     print(f"model {source.info.name}: {len(cases)} cases: {summary or 'none'}{earlier} -> "

@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -175,16 +176,15 @@ def plan(variant_specs: list[tuple[str, dict]], seq_lens: list[int]) -> list[Cas
             for n in seq_lens for name, params in variant_specs]
 
 
-def run(source: Source, cases: list[Case], store: ModelStore, windows: int, seed: int,
-        threads: int, memory_probe) -> dict[str, int]:
-    """Measure every case not yet in the store; returns the count of rows per status.
+def run(source: Source, model, cases: list[Case], store: ModelStore, windows: int,
+        seed: int, memory_probe) -> dict[str, int]:
+    """Measure `cases` (those not yet in the store); returns the count of rows per status.
 
-    `memory_probe` is a started harness.model_memory.Probe (or None: no memory column).
+    `model` is hf_source.load_model's, `memory_probe` a started harness.model_memory.Probe
+    (or None: no memory column). The caller set torch's thread count.
     """
     from harness.timing import time_call
 
-    torch.set_num_threads(threads)
-    model, _ = hf.load_model(source.path)
     causal, pooling = source.info.causal, pooling_mode(source.path)
     counts: dict[str, int] = {}
     refs = {}
@@ -203,7 +203,9 @@ def run(source: Source, cases: list[Case], store: ModelStore, windows: int, seed
         ids = source.windows[case.seq_len]
         set_variant(model, module, case)
         try:
+            start = time.perf_counter()
             outs = [forward(model, ids[i:i + 1], causal) for i in range(len(ids))]
+            call_s = (time.perf_counter() - start) / len(ids)
         except RuntimeError as e:  # only memory exhaustion is a row; anything else is a bug
             if not is_oom_message(str(e)):
                 raise
@@ -215,13 +217,15 @@ def run(source: Source, cases: list[Case], store: ModelStore, windows: int, seed
             store.append({**row, "status": "nonfinite", "reason": "non-finite model outputs"})
             counts["nonfinite"] = counts.get("nonfinite", 0) + 1
             continue
-        measured.append((case, module, row, drift(out, refs[case.seq_len], ids, causal, pooling)))
+        measured.append((case, module, row, call_s,
+                         drift(out, refs[case.seq_len], ids, causal, pooling)))
     peaks = memory_probe.collect() if memory_probe is not None else {}
-    for case, module, row, metrics in measured:  # the cores are quiet now: time each case
+    for case, module, row, call_s, metrics in measured:  # the cores are quiet now: time
         set_variant(model, module, case)
         one = source.windows[case.seq_len][:1]
+        # No warm-up: the accuracy forwards above ran this variant at this shape already.
         t = time_call(lambda: forward(model, one, causal), min_run_time=0.2, min_repeats=3,
-                      warmup=0, call_s=0.2)
+                      warmup=0, call_s=call_s)
         store.append({**row, **metrics, "status": "ok", "time_ms": t.time_ms,
                       "time_ms_iqr": t.time_ms_iqr, "repeats": t.repeats,
                       "peak_mem_mib": peaks.get(row_key({**row, "seq_len": case.seq_len}))})
