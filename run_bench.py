@@ -1,6 +1,6 @@
 """attnbench command line: run a benchmark matrix, report it, compare runs, list variants.
 
-    python run_bench.py                      # quick CPU matrix, then its report
+    python run_bench.py                      # quick CPU matrix, model drift at N=512, report
     python run_bench.py run --preset cpu     # or gpu, or a TOML file of your own
     python run_bench.py report results/<run-id>
     python run_bench.py compare results/<a> results/<b>
@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = _parser().parse_args(argv)
-        if args.command is None:  # the default job: the quick CPU matrix, then its report
-            run_dir = cli_run.run_default()
+        if args.command is None:  # the default job: the quick CPU matrix, the model drift
+            run_dir = cli_run.run_default()  # at N = 512 into the same folder, the report
+            cli_model.run_model(cli_model.default_args(run_dir.parent, run_dir.name))
             return cli_report.report_dir(run_dir)
         return {"run": cli_run.run_command, "list": cli_run.list_command,
                 "report": cli_report.report_command,

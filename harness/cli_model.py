@@ -129,10 +129,10 @@ def run_model(args) -> Path:
         return store.folder
     torch.set_num_threads(threads)
     model, _ = hf.load_model(source.path)  # UsageError when transformers cannot load it
-    probe = Probe(source, windows, seed, threads, cases)
+    probe = Probe(source, windows, seed, cases)
     try:
         store.open({"settings": settings, "started": now(), **environment(threads)})
-        counts = md.run(source, model, cases, store, windows, seed, probe)
+        counts = md.run(source, model, cases, store, windows, seed, threads, probe)
     finally:
         probe.kill()
     summary = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))

@@ -16,9 +16,10 @@ with the variant registered through transformers.AttentionInterface
 - `time_ms`: median whole-model forward of one window (B = 1) after the untimed accuracy
   forwards of the same shape (harness.timing.time_call), with no other work on the cores;
 - `peak_mem_mib`: peak resident memory of one such forward above what was resident before,
-  measured in a child process (harness.model_memory) whose environment has DESIGN.md's
-  malloc settings. The child runs while this process computes the accuracies (numbers
-  that do not depend on load), and is waited for before anything is timed.
+  measured in a child process (harness.model_memory, one thread) whose environment has
+  DESIGN.md's malloc settings. The child runs while this process computes the accuracies
+  (numbers that do not depend on load; one thread, so the two share the cores without
+  oversubscribing them), and is waited for before anything is timed.
 
 A case no variant or model can do (causal for a non-causal variant, N above the model's
 positions or too long for the text, a model scaling other than 1/sqrt(D), ...) is a
@@ -158,11 +159,13 @@ def drift(out: torch.Tensor, ref: torch.Tensor, ids: torch.Tensor, causal: bool,
     return {"kl": kl.item(), "ppl_ratio": math.exp((nll - nll_ref).item())}
 
 
-def base_row(case: Case, source: Source, windows: int, seed: int) -> dict:
+def base_row(case: Case, source: Source, windows: int, seed: int,
+             threads: int | None = None) -> dict:
+    threads = threads or torch.get_num_threads()
     return {"model": source.info.name, "variant": case.variant,
             "family": variants.spec(case.variant).family, "params": case.params_json,
             "device": "cpu", "dtype": "float32", "seq_len": case.seq_len, "windows": windows,
-            "causal": source.info.causal, "threads": torch.get_num_threads(), "seed": seed}
+            "causal": source.info.causal, "threads": threads, "seed": seed}
 
 
 def settings_of(source: Source, windows: int, seed: int) -> dict:
@@ -177,14 +180,17 @@ def plan(variant_specs: list[tuple[str, dict]], seq_lens: list[int]) -> list[Cas
 
 
 def run(source: Source, model, cases: list[Case], store: ModelStore, windows: int,
-        seed: int, memory_probe) -> dict[str, int]:
+        seed: int, threads: int, memory_probe) -> dict[str, int]:
     """Measure `cases` (those not yet in the store); returns the count of rows per status.
 
     `model` is hf_source.load_model's, `memory_probe` a started harness.model_memory.Probe
-    (or None: no memory column). The caller set torch's thread count.
+    (or None: no memory column). While the probe runs (one thread), the accuracies are
+    computed on one thread too, so the two processes do not oversubscribe the cores; the
+    timings then use `threads`.
     """
     from harness.timing import time_call
 
+    torch.set_num_threads(1 if memory_probe is not None else threads)
     causal, pooling = source.info.causal, pooling_mode(source.path)
     counts: dict[str, int] = {}
     refs = {}
@@ -194,7 +200,7 @@ def run(source: Source, model, cases: list[Case], store: ModelStore, windows: in
     measured = []
     for case in cases:
         module = variants.build(case.variant, **case.params)
-        row = base_row(case, source, windows, seed)
+        row = base_row(case, source, windows, seed, threads)
         why = case_reasons(case, module, model, source)
         if why:
             store.append({**row, "status": "skipped", "reason": "; ".join(why)})
@@ -220,6 +226,7 @@ def run(source: Source, model, cases: list[Case], store: ModelStore, windows: in
         measured.append((case, module, row, call_s,
                          drift(out, refs[case.seq_len], ids, causal, pooling)))
     peaks = memory_probe.collect() if memory_probe is not None else {}
+    torch.set_num_threads(threads)
     for case, module, row, call_s, metrics in measured:  # the cores are quiet now: time
         set_variant(model, module, case)
         one = source.windows[case.seq_len][:1]

@@ -5,9 +5,10 @@ right only when freed memory goes back to the kernel: MALLOC_MMAP_THRESHOLD_=655
 MALLOC_TRIM_THRESHOLD_=0 must be in the process's environment from its start, and those
 settings slow the process down, so the `model` command does not time anything there.
 `Probe` starts `python -m harness.model_memory` with that environment; it loads the same
-model, cuts the same first window of each N, and for each case runs one untimed forward
-(lazy state, e.g. a Linformer projection for N) and then the measured one (B = 1). It
-prints one JSON line per case. The parent computes accuracies meanwhile and collects the
+model, takes the parent's first window of each N, runs one untimed forward of the exact
+model (the process's first-call allocations), then for each case the measured forward
+(B = 1, one thread; a variant's state drawn at first sight of N, e.g. a Linformer
+projection, is part of its peak). It prints one JSON line per case. The parent computes accuracies meanwhile and collects the
 peaks before it times anything, so the probe never shares the cores with a timing.
 """
 
@@ -26,12 +27,12 @@ from harness.memory import MALLOC_ENV
 class Probe:
     """The child process measuring the peaks of `cases` (harness.model_drift.Case list)."""
 
-    def __init__(self, source, windows: int, seed: int, threads: int, cases: list):
+    def __init__(self, source, windows: int, seed: int, cases: list):
         # The parent's first window of each N travels as token ids: the child never runs the
         # tokenizer (after a long encode by `tokenizers`, VmRSS was seen to stop following
         # new allocations in that process, and every peak read 0).
         ids = {str(n): w[0].tolist() for n, w in source.windows.items()}
-        spec = {"model": source.path, "windows": windows, "seed": seed, "threads": threads,
+        spec = {"model": source.path, "windows": windows, "seed": seed,
                 "ids": ids, "text_sha": source.text_sha,
                 "cases": [{"variant": c.variant, "params": c.params, "seq_len": c.seq_len}
                           for c in cases if c.seq_len not in source.too_short]}
@@ -72,18 +73,19 @@ def main() -> int:
     import variants
     from harness import hf_source as hf
     from harness import model_drift as md
+    from harness.cli_model import quiet_transformers
     from harness.memory import peak_cpu_mib
     from harness.model_store import row_key
 
-    from harness.cli_model import quiet_transformers
-
     spec = json.loads(sys.stdin.read())
     quiet_transformers()
-    torch.set_num_threads(spec["threads"])
+    torch.set_num_threads(1)  # beside the parent's accuracy forwards, one core each
     windows = {int(n): torch.tensor([ids]) for n, ids in spec["ids"].items()}
     source = md.Source(spec["model"], hf.model_info(spec["model"]), windows, {}, spec["text_sha"])
     model, _ = hf.load_model(source.path)
     causal = source.info.causal
+    md.set_exact(model)  # one untimed forward: the process's first-call allocations
+    md.forward(model, next(iter(windows.values())), causal)
     for c in spec["cases"]:
         case = md.Case(c["variant"], c["params"], c["seq_len"])
         module = variants.build(case.variant, **case.params)
@@ -91,9 +93,8 @@ def main() -> int:
             continue
         md.set_variant(model, module, case)
         one = source.windows[case.seq_len]
-        md.forward(model, one, causal)  # untimed: lazy state and first-call allocations
-        # Python's collector freeing earlier garbage (the tokenised text) inside the call
-        # would lower the resident size under the level read before it: collect first.
+        # Python's collector freeing earlier garbage inside the call would lower the
+        # resident size under the level read before it: collect first.
         gc.collect()
         gc.disable()
         peak = peak_cpu_mib(lambda: md.forward(model, one, causal))
