@@ -111,8 +111,9 @@ def run_model(args) -> Path:
 
     specs = parse_variants(args.variants)
     seq_lens = sorted(set(_ints(args.seq_lens, "seq-lens", 1)))
-    (windows,), (seed,), (threads,) = (_ints(args.windows, "windows", 1),
-                                       _ints(args.seed, "seed", 0), _ints(args.threads, "threads", 0))
+    (windows,) = _ints(args.windows, "windows", 1)
+    (seed,) = _ints(args.seed, "seed", 0)
+    (threads,) = _ints(args.threads, "threads", 0)
     threads = threads or os.cpu_count() or 1
     run_id = args.run_id or _run_id()
     if "/" in run_id or run_id in (".", ".."):

@@ -31,13 +31,13 @@ PREFIX = "attnbench_"
 
 
 def impl_name(variant: str, params: dict) -> str:
-    """The attn_implementation name of one variant setting (no '/' or ':', which name hub kernels)."""
+    """The attn_implementation name of a variant setting (no '/' or ':': those name hub kernels)."""
     digest = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
     return f"{PREFIX}{variant}_{digest}"
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """(B, H_kv, N, D) -> (B, H_kv * groups, N, D): query head h reads key/value head h // groups."""
+    """(B, H_kv, N, D) -> (B, H_kv * groups, N, D): query head h reads kv head h // groups."""
     if groups == 1:
         return x
     B, Hkv, N, D = x.shape

@@ -8,8 +8,9 @@ settings slow the process down, so the `model` command does not time anything th
 model, takes the parent's first window of each N, runs one untimed forward of the exact
 model (the process's first-call allocations), then for each case the measured forward
 (B = 1, one thread; a variant's state drawn at first sight of N, e.g. a Linformer
-projection, is part of its peak). It prints one JSON line per case. The parent computes accuracies meanwhile and collects the
-peaks before it times anything, so the probe never shares the cores with a timing.
+projection, is part of its peak). It prints one JSON line per case. The parent computes
+accuracies meanwhile and collects the peaks before it times anything, so the probe never
+shares the cores with a timing.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class ModelStore:
             try:
                 old = json.loads(self.meta_path.read_text())
             except json.JSONDecodeError as e:
-                raise UsageError(f"{self.meta_path} is not valid JSON ({e}); not resuming") from None
+                raise UsageError(f"{self.meta_path} is not valid JSON ({e}); "
+                                 "not resuming") from None
             if old.get("settings") != settings:
                 raise UsageError(f"{self.folder} holds model drift with other settings (model, "
                                  "text, windows or seed); choose another --run-id")
