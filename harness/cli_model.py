@@ -98,26 +98,41 @@ def _ints(text: str, flag: str, low: int) -> list[int]:
     return vals
 
 
+def _int(text: str, flag: str, low: int) -> int:
+    vals = _ints(text, flag, low)
+    if len(vals) != 1:
+        raise UsageError(f"--{flag}: expected one integer, got {text!r}")
+    return vals[0]
+
+
 def run_model(args) -> Path:
     """Check everything, then measure; returns the run folder. UsageError before any write."""
-    import torch
-
-    from harness import hf_source as hf
-    from harness import model_drift as md
     from harness.cli_run import _run_id
     from harness.model_memory import Probe
-    from harness.model_store import ModelStore, row_key
-    from harness.store import environment, now
 
     specs = parse_variants(args.variants)
     seq_lens = sorted(set(_ints(args.seq_lens, "seq-lens", 1)))
-    (windows,) = _ints(args.windows, "windows", 1)
-    (seed,) = _ints(args.seed, "seed", 0)
-    (threads,) = _ints(args.threads, "threads", 0)
+    windows, seed = _int(args.windows, "windows", 1), _int(args.seed, "seed", 0)
+    threads = _int(args.threads, "threads", 0)
     threads = threads or os.cpu_count() or 1
     run_id = args.run_id or _run_id()
     if "/" in run_id or run_id in (".", ".."):
         raise UsageError(f"--run-id must be a plain folder name, got {run_id!r}")
+    probe = Probe()  # imports while this process checks the input; killed if not needed
+    try:
+        return _measure(args, probe, specs, seq_lens, windows, seed, threads, run_id)
+    finally:
+        probe.kill()
+
+
+def _measure(args, probe, specs, seq_lens, windows, seed, threads, run_id) -> Path:
+    import torch
+
+    from harness import hf_source as hf
+    from harness import model_drift as md
+    from harness.model_store import ModelStore, row_key
+    from harness.store import environment, now
+
     quiet_transformers()
     source = md.open_source(args.model, args.text, seq_lens, windows, seed)
     store = ModelStore(Path(args.results_dir) / run_id)
@@ -130,12 +145,9 @@ def run_model(args) -> Path:
         return store.folder
     torch.set_num_threads(threads)
     model, _ = hf.load_model(source.path)  # UsageError when transformers cannot load it
-    probe = Probe(source, windows, seed, cases)
-    try:
-        store.open({"settings": settings, "started": now(), **environment(threads)})
-        counts = md.run(source, model, cases, store, windows, seed, threads, probe)
-    finally:
-        probe.kill()
+    probe.send(source, windows, seed, cases)
+    store.open({"settings": settings, "started": now(), **environment(threads)})
+    counts = md.run(source, model, cases, store, windows, seed, threads, probe)
     summary = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
     earlier = f" ({len(done)} done earlier)" if done else ""
     print(f"model {source.info.name}: {len(cases)} cases: {summary or 'none'}{earlier} -> "

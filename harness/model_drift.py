@@ -23,7 +23,8 @@ with the variant registered through transformers.AttentionInterface
 
 A case no variant or model can do (causal for a non-causal variant, N above the model's
 positions or too long for the text, a model scaling other than 1/sqrt(D), ...) is a
-`skipped` row with its reason. Rows are appended to model.csv (harness.model_store).
+`skipped` row with its reason. Rows are appended to model.csv (harness.model_store): a
+skipped case's at once, a measured case's after its timing.
 """
 
 from __future__ import annotations
@@ -235,6 +236,6 @@ def run(source: Source, model, cases: list[Case], store: ModelStore, windows: in
                       warmup=0, call_s=call_s)
         store.append({**row, **metrics, "status": "ok", "time_ms": t.time_ms,
                       "time_ms_iqr": t.time_ms_iqr, "repeats": t.repeats,
-                      "peak_mem_mib": peaks.get(row_key({**row, "seq_len": case.seq_len}))})
+                      "peak_mem_mib": peaks.get(row_key(row))})
         counts["ok"] = counts.get("ok", 0) + 1
     return counts

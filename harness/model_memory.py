@@ -4,7 +4,8 @@ CPU peaks are read as in harness.memory (clear_refs, VmRSS before, VmHWM after),
 right only when freed memory goes back to the kernel: MALLOC_MMAP_THRESHOLD_=65536 and
 MALLOC_TRIM_THRESHOLD_=0 must be in the process's environment from its start, and those
 settings slow the process down, so the `model` command does not time anything there.
-`Probe` starts `python -m harness.model_memory` with that environment; it loads the same
+`Probe` starts `python -m harness.model_memory` with that environment as the command
+starts (its imports overlap the parent's checks and tokenising); then it loads the same
 model, takes the parent's first window of each N, runs one untimed forward of the exact
 model (the process's first-call allocations), then for each case the measured forward
 (B = 1, one thread; a variant's state drawn at first sight of N, e.g. a Linformer
@@ -28,15 +29,9 @@ from harness.memory import MALLOC_ENV
 class Probe:
     """The child process measuring the peaks of `cases` (harness.model_drift.Case list)."""
 
-    def __init__(self, source, windows: int, seed: int, cases: list):
-        # The parent's first window of each N travels as token ids: the child never runs the
-        # tokenizer. Memory a long encode frees stays inside the heap below live objects;
-        # later allocations reuse it without raising VmRSS, and every peak read 0.
-        ids = {str(n): w[0].tolist() for n, w in source.windows.items()}
-        spec = {"model": source.path, "windows": windows, "seed": seed,
-                "ids": ids, "text_sha": source.text_sha,
-                "cases": [{"variant": c.variant, "params": c.params, "seq_len": c.seq_len}
-                          for c in cases if c.seq_len not in source.too_short]}
+    def __init__(self):
+        """Start the child at once: it imports torch and transformers while the parent
+        checks its input and tokenises, then waits for `send`."""
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**os.environ, **MALLOC_ENV,
                "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
@@ -45,6 +40,17 @@ class Probe:
         self.proc = subprocess.Popen([sys.executable, "-m", "harness.model_memory"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, env=env, cwd=repo, text=True)
+
+    def send(self, source, windows: int, seed: int, cases: list) -> None:
+        """Give the child its cases. The parent's first window of each N travels as token
+        ids: the child never runs the tokenizer. Memory a long encode frees stays inside
+        the heap below live objects; later allocations reuse it without raising VmRSS,
+        and every peak read 0."""
+        ids = {str(n): w[0].tolist() for n, w in source.windows.items()}
+        spec = {"model": source.path, "windows": windows, "seed": seed,
+                "ids": ids, "text_sha": source.text_sha,
+                "cases": [{"variant": c.variant, "params": c.params, "seq_len": c.seq_len}
+                          for c in cases if c.seq_len not in source.too_short]}
         self.proc.stdin.write(json.dumps(spec))
         self.proc.stdin.close()
 
@@ -66,10 +72,12 @@ class Probe:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self.err.close()
 
 
 def main() -> int:
     import torch
+    from transformers import AutoModel, AutoModelForCausalLM  # noqa: F401  (the slow imports)
 
     import variants
     from harness import hf_source as hf
@@ -78,8 +86,11 @@ def main() -> int:
     from harness.memory import peak_cpu_mib
     from harness.model_store import row_key
 
-    spec = json.loads(sys.stdin.read())
     quiet_transformers()
+    data = sys.stdin.read()
+    if not data:  # the parent stopped before sending (bad input, nothing to measure)
+        return 0
+    spec = json.loads(data)
     torch.set_num_threads(1)  # beside the parent's accuracy forwards, one core each
     windows = {int(n): torch.tensor([ids]) for n, ids in spec["ids"].items()}
     source = md.Source(spec["model"], hf.model_info(spec["model"]), windows, {}, spec["text_sha"])

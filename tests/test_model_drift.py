@@ -129,6 +129,7 @@ def test_bad_texts_variants_and_folders(tmp_path, capsys):
     _bad(capsys, tmp_path, "--text", tmp_path / "few.txt", match="too short for every")
     _bad(capsys, tmp_path, "--variants", "nosuch", match="unknown variant")
     _bad(capsys, tmp_path, "--variants", "linformer(k=0)", match="'k'")
+    _bad(capsys, tmp_path, "--windows", "1,2", match="one integer")
     other = tmp_path / "runs" / "r"  # a folder that is not a run: untouched
     other.mkdir(parents=True)
     (other / "notes.txt").write_text("mine")
