@@ -55,9 +55,13 @@ def attention_function(variant: torch.nn.Module):
                              "own) is not supported; windows must be unpadded")
         if dropout:
             raise ValueError(f"{where}: attention dropout {dropout} is not supported (eval mode)")
-        for name in ("softcap", "position_bias", "s_aux", "sliding_window"):
+        for name in ("softcap", "position_bias", "s_aux"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"{where}: the model passes {name}, which is not supported")
+        window = kwargs.get("sliding_window")
+        if window is not None and window < key.shape[-2]:  # a window >= N changes nothing
+            raise ValueError(f"{where}: the model's own sliding window {window} < N is not "
+                             "supported")
         D = query.shape[-1]
         if scaling is not None and not math.isclose(scaling, D ** -0.5, rel_tol=1e-6):
             raise ValueError(f"{where}: scaling {scaling} is not 1/sqrt(D) = {D ** -0.5}")
