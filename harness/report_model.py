@@ -24,6 +24,11 @@ def _fmt(v, spec: str) -> str:
     return "–" if pd.isna(v) else format(v, spec)
 
 
+def _ms(v) -> str:
+    """Whole milliseconds from 100 ms up, else 3 significant digits."""
+    return _fmt(v, ".0f" if not pd.isna(v) and v >= 100 else ".3g")
+
+
 def read_model_csv(path: Path) -> pd.DataFrame:
     try:
         df = pd.read_csv(path, dtype={"params": str, "reason": str})
@@ -54,7 +59,7 @@ def drift_table(g: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"variant": _labels(ok)})
     for col, spec in cols:
         out[col] = [_fmt(v, spec) for v in ok[col]]
-    out["time_ms"] = [_fmt(v, ".3g") for v in ok["time_ms"]]
+    out["time_ms"] = [_ms(v) for v in ok["time_ms"]]
     out["× sdpa time"] = [_fmt(v / base, ".3g") if base else "–" for v in ok["time_ms"]]
     out["peak_mem_mib"] = [_fmt(v, ".3g") for v in ok["peak_mem_mib"]]
     return out
