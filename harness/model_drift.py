@@ -100,9 +100,8 @@ def open_source(model: str | None, text_path, seq_lens: list[int], windows: int,
 
 def case_reasons(case: Case, module, model, source: Source) -> list[str]:
     """Why this case cannot run (empty when it can): the text, the model, then the variant."""
-    if case.seq_len in source.too_short:
-        return [source.too_short[case.seq_len]]
-    why = ha.model_reasons(model, source.info.head_dim, case.seq_len)
+    why = [source.too_short[case.seq_len]] if case.seq_len in source.too_short else []
+    why += ha.model_reasons(model, source.info.head_dim, case.seq_len)
     return why + module.unsupported_reasons(device="cpu", dtype=torch.float32,
                                             causal=source.info.causal, seq_len=case.seq_len,
                                             head_dim=source.info.head_dim)
@@ -194,10 +193,7 @@ def run(source: Source, model, cases: list[Case], store: ModelStore, windows: in
     torch.set_num_threads(1 if memory_probe is not None else threads)
     causal, pooling = source.info.causal, pooling_mode(source.path)
     counts: dict[str, int] = {}
-    refs = {}
-    set_exact(model)
-    for n, ids in source.windows.items():
-        refs[n] = torch.cat([forward(model, ids[i:i + 1], causal) for i in range(len(ids))])
+    refs = {}  # N -> the exact model's outputs, computed when a case at N first runs
     measured = []
     for case in cases:
         module = variants.build(case.variant, **case.params)
@@ -208,6 +204,10 @@ def run(source: Source, model, cases: list[Case], store: ModelStore, windows: in
             counts["skipped"] = counts.get("skipped", 0) + 1
             continue
         ids = source.windows[case.seq_len]
+        if case.seq_len not in refs:
+            set_exact(model)
+            refs[case.seq_len] = torch.cat([forward(model, ids[i:i + 1], causal)
+                                            for i in range(len(ids))])
         set_variant(model, module, case)
         try:
             start = time.perf_counter()

@@ -33,21 +33,22 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def short_text(tmp_path_factory, tokenizer):
-    """About 300 tokens of the shipped text: enough for N = 64, too short for N = 512."""
+    """About 1100 tokens of the shipped text: enough for N = 1024, too short for N = 2048."""
     path = tmp_path_factory.mktemp("text") / "short.txt"
-    path.write_text(" ".join(hf.default_text().split()[:200]))
+    path.write_text(" ".join(hf.default_text().split()[:700]))
+    assert 1022 <= len(tokenizer(path.read_text())["input_ids"]) < 2046
     return path
 
 
 def test_minilm_exact_paths_keep_the_model_and_approximations_do_not(tmp_path, capsys,
                                                                       short_text):
-    args = ("--text", short_text, "--seq-lens", "64,512", "--windows", "2",
+    args = ("--text", short_text, "--seq-lens", "64,1024,2048", "--windows", "2",
             "--variants", "sdpa,sliding_window(window=64),linformer(k=16),linear",
             "--results-dir", tmp_path, "--run-id", "r")
     code, out = _main(capsys, *args)
     assert code == 0, out.err
     df = _rows(tmp_path / "r")
-    n64, n512 = df[df["seq_len"] == 64], df[df["seq_len"] == 512]
+    n64, n1024, n2048 = (df[df["seq_len"] == n] for n in (64, 1024, 2048))
     assert (n64["status"] == "ok").all() and (n64["model"] == "minilm").all()
     for exact in ("sdpa", "sliding_window"):  # window 64 >= N: every key in every row
         assert n64.loc[exact, "emb_cos"] >= 0.99999
@@ -57,9 +58,10 @@ def test_minilm_exact_paths_keep_the_model_and_approximations_do_not(tmp_path, c
         assert n64.loc[approx, "emb_cos"] < 0.999
     assert (n64["time_ms"] > 0).all() and (n64["peak_mem_mib"] > 0).all()
     assert n64[["kl", "ppl_ratio"]].isna().all().all()  # an encoder: no next-token columns
-    # The text holds fewer tokens than N = 512 needs: skipped rows naming the counts.
-    assert (n512["status"] == "skipped").all()
-    assert n512["reason"].str.contains(r"has \d+ tokens, fewer than the 510").all()
+    # N = 1024 is above MiniLM's positions; the text is too short for N = 2048 (too).
+    assert (n1024["status"] == "skipped").all() and (n2048["status"] == "skipped").all()
+    assert n1024["reason"].str.contains("exceeds the model's 512 positions").all()
+    assert n2048["reason"].str.contains(r"has \d+ tokens, fewer than the 2046").all()
 
     before = (tmp_path / "r" / "model.csv").read_bytes()
     code, out = _main(capsys, *args)  # the same run again: nothing measured, nothing lost
