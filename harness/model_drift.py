@@ -4,7 +4,9 @@ For each (variant setting, N) the model runs on `windows` seeded token windows o
 (harness.hf_source.token_windows), once with transformers' own exact attention (its
 native "sdpa" implementation, float32; "eager" where a model has no SDPA path) and once
 with the variant registered through transformers.AttentionInterface
-(harness.hf_attention). Everything else in the model runs unchanged. Per case:
+(harness.hf_attention). The model is loaded once and switched with
+`set_attn_implementation(name)`, the setting `from_pretrained(attn_implementation=name)`
+makes. Everything else in the model runs unchanged. Per case:
 
 - encoders: `emb_cos`, the mean over windows of the cosine similarity of the pooled
   sentence embeddings (the model's sentence-transformers pooling, 1_Pooling/config.json;
