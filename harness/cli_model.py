@@ -22,7 +22,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="a UTF-8 text file (default: Python's own pydoc_data.topics)")
     p.add_argument("--variants", default=None,
                    help="comma-separated settings, e.g. 'sdpa,sliding_window(window=64),"
-                        "linformer(k=128)' (default: sdpa and our non-exact variants, with their defaults)")
+                        "linformer(k=128)' (default: sdpa and our non-exact variants, "
+                        "with their defaults)")
     p.add_argument("--seq-lens", dest="seq_lens", default="512", help="e.g. 128,512")
     p.add_argument("--windows", default="2", help="token windows per N (default 2)")
     p.add_argument("--seed", default="0", help="seed of the windows' offsets")
