@@ -1,10 +1,11 @@
 """attnbench command line: run a benchmark matrix, report it, compare runs, list variants.
 
-    python run_bench.py                      # quick CPU matrix, then its report
+    python run_bench.py                      # quick CPU matrix, model drift at N=512, report
     python run_bench.py run --preset cpu     # or gpu, or a TOML file of your own
     python run_bench.py report results/<run-id>
     python run_bench.py compare results/<a> results/<b>
     python run_bench.py list                 # variants, families, parameters
+    python run_bench.py model [--model minilm|PATH] [--text FILE]   # drift inside a real model
 
 Bad input ends with a one-line error on stderr and exit status 2.
 """
@@ -23,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness import cli_report, cli_run
+    from harness import cli_model, cli_report, cli_run
 
     p = _Parser(prog="run_bench.py", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
@@ -31,21 +32,25 @@ def _parser() -> argparse.ArgumentParser:
     cli_run.add_list_args(sub.add_parser("list", help="list variants and their parameters"))
     cli_report.add_report_args(sub.add_parser("report", help="write the report of a run"))
     cli_report.add_compare_args(sub.add_parser("compare", help="compare two runs"))
+    cli_model.add_model_args(sub.add_parser(
+        "model", help="drift of a pretrained model when a variant replaces its attention"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness import cli_report, cli_run
+    from harness import cli_model, cli_report, cli_run
 
     try:
         args = _parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # to print a rerun command
-        if args.command is None:  # the default job: the quick CPU matrix, then its report
-            run_dir = cli_run.run_default()
+        if args.command is None:  # the default job: the quick CPU matrix, the model drift
+            run_dir = cli_run.run_default()  # at N = 512 into the same folder, the report
+            cli_model.run_model(cli_model.default_args(run_dir.parent, run_dir.name))
             return cli_report.report_dir(run_dir)
         return {"run": cli_run.run_command, "list": cli_run.list_command,
                 "report": cli_report.report_command,
-                "compare": cli_report.compare_command}[args.command](args)
+                "compare": cli_report.compare_command,
+                "model": cli_model.model_command}[args.command](args)
     except UsageError as e:
         print(f"run_bench.py: error: {e}", file=sys.stderr)
         return 2

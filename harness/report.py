@@ -16,6 +16,7 @@ import pandas as pd
 
 from . import plots
 from . import report_captured as RC
+from . import report_model
 from . import report_tables as T
 from . import shards
 from .run_folder import SETTING, load_run, short_labels
@@ -259,8 +260,12 @@ def to_html(blocks: list[tuple], title: str) -> str:
 def write_report(run_dir) -> Path:
     """Write report.md, report.html and plots/ into a run folder; returns report.md's path."""
     run_dir = Path(run_dir)
-    df, meta = load_run(run_dir)
-    blocks = build_blocks(df, meta, run_dir)
+    drift = report_model.drift_blocks(run_dir)  # [] without model.csv
+    if drift and not (run_dir / "results.csv").exists():  # the model command alone
+        blocks = report_model.drift_only_blocks(run_dir, drift)
+    else:
+        df, meta = load_run(run_dir)
+        blocks = report_model.insert_after_answers(build_blocks(df, meta, run_dir), drift)
     md = run_dir / "report.md"
     md.write_text(to_markdown(blocks, run_dir))
     (run_dir / "report.html").write_text(to_html(blocks, f"attnbench report: {run_dir.name}"))
