@@ -263,7 +263,8 @@ def prepare(cases) -> int:
             try:
                 ids = hf.token_windows(tok, text, N, windows, seed)
             except hf.TextTooShort as e:
-                _atomic_write(path.with_suffix(".skip"), lambda t: t.write_text(str(e)))
+                reason = str(e)
+                _atomic_write(path.with_suffix(".skip"), lambda t: t.write_text(reason))
                 continue
             q, k, v = capture(model, ids, info.layers)
             _atomic_write(path, lambda t: torch.save({"q": q, "k": k, "v": v,

@@ -10,13 +10,11 @@ status; other settings are a usage error. A folder that holds neither an attnben
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import os
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.store import CsvLog, write_json
 
 MODEL_CSV = "model.csv"
 MODEL_META = "model_meta.json"
@@ -55,54 +53,20 @@ class ModelStore:
             if old.get("settings") != settings:
                 raise UsageError(f"{self.folder} holds model drift with other settings (model, "
                                  "text, windows or seed); choose another --run-id")
-        if not self.csv_path.exists():
-            return set()
-        data = self.csv_path.read_bytes()
-        if data and not data.endswith(b"\n"):  # a partial last line: not a finished case
-            data = data[:data.rfind(b"\n") + 1]
-        reader = csv.DictReader(io.StringIO(data.decode()))
-        if reader.fieldnames is not None and reader.fieldnames != COLUMNS:
+        log = CsvLog(self.csv_path, COLUMNS)
+        header = log.header()
+        if header is not None and header != COLUMNS:
             raise UsageError(f"{self.csv_path} has other columns than this version writes")
-        return {row_key(r) for r in reader}
+        return {row_key(r) for r in log.rows()}
 
     def open(self, meta: dict) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
         if not self.meta_path.exists():
-            tmp = self.meta_path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-            os.replace(tmp, self.meta_path)
-        self._cut_partial_line()
-        fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
-        self._f = self.csv_path.open("a", newline="")
-        self._w = csv.DictWriter(self._f, fieldnames=COLUMNS, extrasaction="raise")
-        if fresh:
-            self._w.writeheader()
-            self._sync()
-
-    def _cut_partial_line(self) -> None:
-        """A run killed mid-write leaves a partial last line: drop it before appending."""
-        if not self.csv_path.exists():
-            return
-        data = self.csv_path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with self.csv_path.open("r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
+            write_json(self.meta_path, meta)
+        self._log = CsvLog(self.csv_path, COLUMNS)
+        self._log.open()
 
     def append(self, row: dict) -> None:
-        self._w.writerow({c: _cell(row.get(c)) for c in COLUMNS})
-        self._sync()
-
-    def _sync(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._log.append(row)
 
     def close(self) -> None:
-        self._f.close()
-
-
-def _cell(v):
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return repr(v)
-    return v
+        self._log.close()

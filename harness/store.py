@@ -67,28 +67,72 @@ class RunStore:
     # -- results -------------------------------------------------------------------------
     def done_ids(self) -> set[str]:
         """Case ids already in results.csv, after cutting off a partial last line."""
-        if not self.csv_path.exists():
-            return set()
-        data = self.csv_path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            cut = data.rfind(b"\n") + 1
-            with self.csv_path.open("r+b") as f:
-                f.truncate(cut)
-            data = data[:cut]
-        rows = list(csv.DictReader(io.StringIO(data.decode())))
-        return {r["case_id"] for r in rows}
+        return {r["case_id"] for r in CsvLog(self.csv_path, COLUMNS).rows(cut=True)}
 
     def open(self) -> None:
-        self.csv_path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
-        self._f = self.csv_path.open("a", newline="")
-        self._w = csv.DictWriter(self._f, fieldnames=COLUMNS, extrasaction="raise")
+        self._log = CsvLog(self.csv_path, COLUMNS)
+        self._log.open()
+
+    def append(self, row: dict) -> None:
+        self._log.append(row)
+
+    def close(self) -> None:
+        self._log.close()
+
+    # -- meta ------------------------------------------------------------------------------
+    def read_meta(self) -> dict:
+        return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
+
+    def write_meta(self, meta: dict) -> None:
+        write_json(self.meta_path, meta)
+
+
+def write_json(path: Path, obj) -> None:
+    """Write JSON atomically (a temp file, then rename): a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+class CsvLog:
+    """A CSV file of fixed columns, appended and fsynced row by row (results.csv, model.csv).
+
+    A writer killed mid-row leaves a partial last line: it is not a finished row, so
+    `rows` ignores it and `open` cuts it off before appending.
+    """
+
+    def __init__(self, path: Path, columns: list[str]):
+        self.path, self.columns = Path(path), columns
+
+    def _data(self, cut: bool) -> bytes:
+        data = self.path.read_bytes() if self.path.exists() else b""
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            if cut:
+                with self.path.open("r+b") as f:
+                    f.truncate(end)
+            data = data[:end]
+        return data
+
+    def header(self) -> list[str] | None:
+        return next(csv.reader(io.StringIO(self._data(cut=False).decode())), None)
+
+    def rows(self, cut: bool = False) -> list[dict]:
+        """The finished rows; cut=True also removes a partial last line from the file."""
+        return list(csv.DictReader(io.StringIO(self._data(cut).decode())))
+
+    def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self._data(cut=True)
+        self._f = self.path.open("a", newline="")
+        self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="raise")
         if fresh:
             self._w.writeheader()
             self._sync()
 
     def append(self, row: dict) -> None:
-        self._w.writerow({c: _cell(row.get(c)) for c in COLUMNS})
+        self._w.writerow({c: _cell(row.get(c)) for c in self.columns})
         self._sync()
 
     def _sync(self) -> None:
@@ -97,16 +141,6 @@ class RunStore:
 
     def close(self) -> None:
         self._f.close()
-
-    # -- meta ------------------------------------------------------------------------------
-    def read_meta(self) -> dict:
-        return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
-
-    def write_meta(self, meta: dict) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.meta_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.meta_path)
 
 
 def _cell(v):
