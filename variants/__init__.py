@@ -23,3 +23,4 @@ from . import block_sparse  # noqa: E402,F401
 from . import linformer  # noqa: E402,F401
 from . import nystrom  # noqa: E402,F401
 from . import linear  # noqa: E402,F401
+from . import flex  # noqa: E402,F401

@@ -88,6 +88,17 @@ class Variant(torch.nn.Module):
                causal: bool) -> torch.Tensor:
         raise NotImplementedError
 
+    def prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                backward: bool = False) -> bool:
+        """One-time work for this case before anything is timed; True when there was some.
+
+        Library kernels compile here (torch.compile) and build their masks for q's length
+        and device; the harness times this call into `compile_ms`, never into `time_ms`.
+        `backward`: the case also runs the backward pass (compile that too). The default
+        does nothing and returns False (the harness then leaves `compile_ms` empty).
+        """
+        return False
+
     # -- description ------------------------------------------------------------------
     def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:
         """Analytic forward FLOPs (2 per multiply-add, matmuls only)."""
