@@ -126,37 +126,61 @@ def run_default() -> Path:
     return run_matrix("quick", {"devices": ["cpu"]}, Path("results"), None)
 
 
+# The dry run's assumptions for CUDA cases (no GPU is measured before a run): a dense
+# matmul rate of a modern data-centre GPU (H100/H200 class: TF32/bf16 tensor cores well
+# above this; variants run below it), and the seconds the first worker spends compiling
+# a library kernel the first time it meets a (variant, dtype, pass); the second worker
+# finds inductor's on-disk cache and pays the smaller figure. Unmeasured on a GPU here.
+GPU_ASSUMED_GFLOPS = 100_000
+COMPILE_ASSUMED_S = (20.0, 5.0)
+
+
 def plan(source: str, overrides: dict) -> int:
     """Print the cases, their declared skips and a rough time estimate; run nothing.
 
     Estimate per case (compute-bound, so a lower bound for variants far below their FLOP
-    rate): 0.5 s of overhead, the float64 reference at a quarter of the measured fp32
-    matmul rate, and the workers' calls (memory: a warm-up and the probe; time: the error
-    pass, a warm-up, then max(min_repeats, min_run_time / t + 1) timed) of
-    t = flops / (0.25 * matmul rate), capped at the case's timeout. The memory guard's
+    rate): 0.5 s of overhead, the float64 reference at a quarter of the matmul rate, and
+    the workers' calls (memory: a warm-up and the probe; time: the error pass, a warm-up,
+    then max(min_repeats, min_run_time / t + 1) timed) of t = flops / (0.25 * rate),
+    capped at the case's timeout. The rate is the fp32 matmul rate measured here for CPU
+    cases and GPU_ASSUMED_GFLOPS for CUDA cases (estimated even where CUDA is absent:
+    the plan of a GPU run made on a laptop). Variants that compile add COMPILE_ASSUMED_S
+    (both workers) for each new (variant, device, dtype, pass). The memory guard's
     extrapolated refusals need measured peaks, so they are not known here.
     """
     _, cases = mx.load(source, overrides)
-    rate = matmul_fp32_gflops(cases[0].threads if cases else 1) * 1e9
-    skipped, reasons, total_s = 0, Counter(), 0.0
+    rates = {"cpu": matmul_fp32_gflops(cases[0].threads if cases else 1) * 1e9,
+             "cuda": GPU_ASSUMED_GFLOPS * 1e9}
+    skipped, reasons, total_s, compiled = 0, Counter(), 0.0, set()
     for case in cases:
         module = variants.build(case.variant, **case.param_dict)
-        why = runner.skip_reasons(case, module)
+        why = [r for r in runner.skip_reasons(case, module) if r != runner.NO_CUDA]
         if why:
             skipped += 1
             reasons[f"{case.variant}: {'; '.join(why)}"] += 1
             continue
+        rate = rates[case.device]
         flops = runner.case_row(case, module)["flops"]
         t = flops / (0.25 * rate)
         rows = min(case.seq_len, case.err_rows)
         ref = 4 * case.batch * case.heads * rows * case.seq_len * case.head_dim / (0.25 * rate)
-        calls = 4 + max(case.min_repeats,
-                                                  case.min_run_time_s / max(t, 1e-9) + 1)
+        calls = 4 + max(case.min_repeats, case.min_run_time_s / max(t, 1e-9) + 1)
         est = 0.5 + ref + t * calls
+        kernel = (case.variant, case.device, case.dtype, case.pass_)
+        if module.compiles and kernel not in compiled:
+            compiled.add(kernel)
+            est += sum(COMPILE_ASSUMED_S)
         total_s += min(est, case.timeout_s)
+    where = [f"fp32 matmul {rates['cpu'] / 1e9:.0f} GFLOP/s measured here"] * any(
+        c.device == "cpu" for c in cases)
+    if any(c.device == "cuda" for c in cases):
+        where.append(f"CUDA cases at an assumed {GPU_ASSUMED_GFLOPS / 1e3:.0f} TFLOP/s GPU"
+                     f"{'' if torch.cuda.is_available() else ' (no CUDA here)'}, "
+                     f"a compile {COMPILE_ASSUMED_S[0]:.0f} s + {COMPILE_ASSUMED_S[1]:.0f} s "
+                     "cached in the second worker")
     print(f"{len(cases)} cases; {skipped} skipped as declared unsupported; "
           f"{len(cases) - skipped} to run, compute-bound estimate {total_s / 60:.1f} min "
-          f"(fp32 matmul {rate / 1e9:.0f} GFLOP/s here)")
+          f"({'; '.join(where)})")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
     return 0

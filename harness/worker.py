@@ -134,7 +134,7 @@ def _measure_time(case: Case, module, q, k, v, device) -> dict:
     if case.backward and not all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)):
         return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
     t = timing.time_call(fn, min_run_time=case.min_run_time_s, min_repeats=case.min_repeats,
-                         warmup=0, call_s=call_s)
+                         warmup=0, call_s=call_s, device=device)
     return _result("ok", "", time_ms=t.time_ms, time_ms_iqr=t.time_ms_iqr, repeats=t.repeats,
                    **errors)
 

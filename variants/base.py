@@ -42,6 +42,9 @@ class Variant(torch.nn.Module):
     paper: ClassVar[str] = ""
     supports_causal: ClassVar[bool] = True
     supports_backward: ClassVar[bool] = True
+    # Runs a torch.compile'd kernel: each new dtype, pattern, causal flag (and the first
+    # length) compiles for seconds, in `prepare`. Tests give such variants few shapes.
+    compiles: ClassVar[bool] = False
 
     def __init__(self, params=None):
         super().__init__()

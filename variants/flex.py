@@ -15,9 +15,12 @@ BlockMask is built at block granularity (an [nb, nb] table, never N x N: the lib
 `create_block_mask` would evaluate mask_mod on all N^2 pairs) from the window's block
 geometry or the BigBird layout, then `BlockMask.from_kv_blocks`.
 
-Compiled with torch.compile's default dynamic=None: the first length compiles a static
-kernel, the second a dynamic-shape one that later lengths reuse (the worker's `compile_ms`
-is what a case paid, a few ms once that kernel exists). Inductor's CPU kernels need a C++
+Compiled with dynamic shapes: in one process, the first case of a (dtype, pattern,
+pass, heads, head dim) compiles for seconds and later lengths reuse that kernel (a
+length under two blocks, or batch 1, gets its own: dynamo specialises sizes 0 and 1);
+the window and the causal flag are tensors, so another window or causal reuses it too. The worker's `compile_ms` is what a case paid in its process (a few ms
+for its BlockMask once the kernel exists); inductor's on-disk cache, shared by
+processes, shortens compiles it has seen before. Inductor's CPU kernels need a C++
 compiler, and on CPU flex_attention has no backward pass: both are declared reasons.
 """
 
@@ -59,7 +62,10 @@ def _compiled_flex():
     """torch.compile(flex_attention), made once per process on first use (not at import)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention)
+    # Dynamic shapes from the first call (with an int window, dynamic=True failed to
+    # lower on CPU with torch 2.13: "'Mul' object has no attribute 'get_name'"; the
+    # window is a tensor for that reason too).
+    return torch.compile(flex_attention, dynamic=True)
 
 
 def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,21 +90,32 @@ def block_mask(touched: torch.Tensor, full: torch.Tensor, block: int, N: int,
         full[:, -1] = False
     partial = touched & ~full
 
+    # A tensor flag, not a Python bool: causal and non-causal cases share one kernel.
+    causal_t = torch.tensor(causal, device=device)
+
     def mask_mod(b, h, q_idx, kv_idx):  # scalar index tensors
-        if allows is None:  # the block tables are the whole pattern
-            return kv_idx <= q_idx if causal else kv_idx >= 0
-        keep = allows(q_idx, kv_idx)
-        return keep & (kv_idx <= q_idx) if causal else keep
+        # allows None: the block tables are the whole pattern.
+        keep = kv_idx >= 0 if allows is None else allows(q_idx, kv_idx)
+        return keep & ((kv_idx <= q_idx) | ~causal_t)
 
     num, idx = _ordered(partial)
     full_num, full_idx = _ordered(full)
-    return BlockMask.from_kv_blocks(num.to(device), idx.to(device), full_num.to(device),
-                                    full_idx.to(device), BLOCK_SIZE=block,
-                                    mask_mod=mask_mod, seq_lengths=(N, N))
+    bm = BlockMask.from_kv_blocks(num.to(device), idx.to(device), full_num.to(device),
+                                  full_idx.to(device), BLOCK_SIZE=block, mask_mod=mask_mod,
+                                  seq_lengths=(N, N))
+    # Block counts vary with N like q, k, v do: one dynamic-shape kernel for every length,
+    # instead of a length-specialised one then a recompile (dynamo guards the sizes of
+    # tensors held in an object unless told they are dynamic).
+    for t in bm.as_tuple()[2:]:
+        if isinstance(t, torch.Tensor):
+            for dim in range(2, t.dim()):
+                torch._dynamo.maybe_mark_dynamic(t, dim)
+    return bm
 
 
 class _Flex(Variant):
     paper = PAPER
+    compiles = True
 
     def __init__(self, params=None):
         super().__init__(params)
@@ -185,7 +202,8 @@ class SlidingWindowFlex(_Flex):
         return band_mask(self.params.window)
 
     def _allows(self, N, device):
-        w = self.params.window
+        # A tensor, not an int: dynamo would specialise the kernel on the int's value.
+        w = torch.tensor(self.params.window, device=device)
         return lambda i, j: in_band(i, j, w)
 
     def _block(self) -> int:
