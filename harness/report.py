@@ -16,9 +16,10 @@ import pandas as pd
 
 from . import plots
 from . import report_tables as T
+from .report_implementations import implementations_blocks
 from .run_folder import SETTING, load_run
 
-SECTIONS = ("Answers", "Empirical complexity", "Crossover lengths",
+SECTIONS = ("Answers", "Empirical complexity", "Crossover lengths", "Implementations",
             "Time, memory and error by length", "Scaling plots", "Pareto front: error against time",
             "Achieved GFLOP/s", "Cases not measured", "Environment")
 
@@ -103,6 +104,8 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
         table = T.crossover_table(g)
         if not table.empty:
             blocks += [("h", 3, setting), ("table", table)]
+
+    blocks += implementations_blocks(df)
 
     blocks += [("h", 2, "Time, memory and error by length"),
                ("p", "Cells hold the median where the case ran, else its status. Ratio tables "

@@ -84,10 +84,6 @@ def block_mask(touched: torch.Tensor, full: torch.Tensor, block: int, N: int,
     evaluated by the kernel on the partial blocks."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    if N % block:  # the last block's padding is masked: never a full block
-        full = full.clone()
-        full[-1, :] = False
-        full[:, -1] = False
     partial = touched & ~full
 
     # A tensor flag, not a Python bool: causal and non-causal cases share one kernel.
@@ -146,10 +142,21 @@ class _Flex(Variant):
         """(touched, full) bool [nb, nb] block tables of the pattern at length N."""
         raise NotImplementedError
 
+    def tables(self, N: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(touched, full) bool [nb, nb]: blocks with an allowed pair, blocks of allowed
+        pairs only (the last block row and column are never full when N is ragged: their
+        padding is masked)."""
+        touched, full = self._blocks(N, causal)
+        if N % self._block():
+            full = full.clone()
+            full[-1, :] = False
+            full[:, -1] = False
+        return touched, full
+
     def _block_mask(self, N: int, causal: bool, device: torch.device):
         key = (N, causal, device)
         if key not in self._masks:
-            touched, full = self._blocks(N, causal)
+            touched, full = self.tables(N, causal)
             if len(self._masks) >= _CACHED_MASKS:
                 self._masks.pop(next(iter(self._masks)))
             self._masks[key] = block_mask(touched, full, self._block(), N,
