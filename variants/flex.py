@@ -27,6 +27,7 @@ compiler, and on CPU flex_attention has no backward pass: both are declared reas
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import os
 import shutil
@@ -129,6 +130,9 @@ class _Flex(Variant):
             if cpu_compiler() is None:
                 reasons.append("flex_attention on CPU needs a C++ compiler for inductor's "
                                "kernels (g++ or $CXX); none found on PATH")
+        elif device.type == "cuda" and importlib.util.find_spec("triton") is None:
+            reasons.append("flex_attention on CUDA needs Triton (inductor's GPU kernels); "
+                           "it is not installed")
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             reasons.append(f"flex_attention variants take float32, bfloat16 or float16, "
                            f"not {dtype}")

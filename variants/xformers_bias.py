@@ -47,7 +47,8 @@ class SlidingWindowXFormers(Variant):
             return ["xformers is not installed (optional extra: pip install -e '.[xformers]'; "
                     "it runs on CUDA only)"]
         if device.type != "cuda":
-            return ["xformers.ops.memory_efficient_attention has no CPU kernel (CUDA only)"]
+            return [f"xformers.ops.memory_efficient_attention runs on CUDA only, not on "
+                    f"{device.type}"]
         if dtype not in (torch.float16, torch.bfloat16, torch.float32):
             return [f"xformers memory_efficient_attention does not take {dtype}"]
         return []
