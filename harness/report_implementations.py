@@ -49,8 +49,9 @@ def implementation_groups(df: pd.DataFrame):
             continue
         pivot = g.pivot_table(index="variant", columns="seq_len", values="time_ms",
                               aggfunc="median")
-        compile_ms = pd.to_numeric(g.get("compile_ms"), errors="coerce")
-        comp = compile_ms.groupby(g["variant"]).max() if compile_ms is not None else None
+        comp = None
+        if "compile_ms" in g:  # results written before the column existed lack it
+            comp = pd.to_numeric(g["compile_ms"], errors="coerce").groupby(g["variant"]).max()
         yield family, params, setting, pivot, comp
 
 

@@ -9,19 +9,22 @@ mask_mod there) and those wholly allowed (no mask_mod). It runs fused only under
 torch.compile; uncompiled, it materialises the N x N scores, so these variants always
 call the compiled function, and compile in `prepare` (before timing; `compile_ms`).
 
-The patterns are ours, not re-derived: the mask_mod is the variant's own `key_mask`
-(`sliding_window.band_mask`, `BlockSparse.key_mask` over its `layout(N)`), and the
-BlockMask is built at block granularity (an [nb, nb] table, never N x N: the library's
-`create_block_mask` would evaluate mask_mod on all N^2 pairs) from the window's block
-geometry or the BigBird layout, then `BlockMask.from_kv_blocks`.
+The patterns are ours, not re-derived. Sliding window: the mask_mod is `in_band`, the
+elementwise predicate `band_mask` (the variant's key_mask) is built from. Block sparse:
+the BlockMask's blocks are `block_sparse`'s `layout(N)` at its block size, so inside a
+touched block every pair is in the pattern and the mask_mod only adds causality. Both
+BlockMasks are built at block granularity (an [nb, nb] table, never N x N: the
+library's `create_block_mask` evaluates mask_mod on all N^2 pairs), then
+`BlockMask.from_kv_blocks`.
 
 Compiled with dynamic shapes: in one process, the first case of a (dtype, pattern,
 pass, heads, head dim) compiles for seconds and later lengths reuse that kernel (a
 length under two blocks, or batch 1, gets its own: dynamo specialises sizes 0 and 1);
-the window and the causal flag are tensors, so another window or causal reuses it too. The worker's `compile_ms` is what a case paid in its process (a few ms
-for its BlockMask once the kernel exists); inductor's on-disk cache, shared by
-processes, shortens compiles it has seen before. Inductor's CPU kernels need a C++
-compiler, and on CPU flex_attention has no backward pass: both are declared reasons.
+the window and the causal flag are tensors, so another window or causal reuses it too.
+The worker's `compile_ms` is what a case paid in its process (a few ms for its
+BlockMask once the kernel exists); inductor's on-disk cache, shared by processes,
+shortens compiles it has seen before. Inductor's CPU kernels need a C++ compiler, and
+on CPU flex_attention has no backward pass: both are declared reasons.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ PAPER = "https://arxiv.org/abs/2412.05496"
 _WINDOW_BLOCK = 128
 # (length, causal, device) block masks a module keeps.
 _CACHED_MASKS = 4
-# Graphs one compiled flex_attention may hold (dtype x causal x pattern x static/dynamic).
+# Graphs one compiled flex_attention may hold (dtype x pattern x pass x shapes).
 # Past the limit dynamo would run flex_attention eagerly (N x N); failing is better.
 _RECOMPILE_LIMIT = 64
 
