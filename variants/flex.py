@@ -200,6 +200,9 @@ class _Flex(Variant):
         if N == 0:
             return q.clone()
         bm = self._block_mask(N, causal, q.device)
+        for t in (q, k, v):  # batch and length: one kernel for all (dynamo keeps H, D static)
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(t, 2)
         with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT,
                                         fail_on_recompile_limit_hit=True):
             return _compiled_flex()(q, k, v, block_mask=bm)
