@@ -165,9 +165,16 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
             reasons[f"{case.variant}: {'; '.join(why)}"] += 1
             continue
         total_s += cost
+    where = [f"fp32 matmul {rate / 1e9:.0f} GFLOP/s measured here"] * any(
+        c.device == "cpu" for c in cases)
+    if any(c.device == "cuda" for c in cases):
+        fast, cached = estimate.COMPILE_ASSUMED_S
+        where.append(f"CUDA cases at an assumed {estimate.GPU_ASSUMED_GFLOPS / 1e3:.0f} TFLOP/s "
+                     f"GPU{'' if torch.cuda.is_available() else ' (no CUDA here)'}, a compile "
+                     f"{fast:.0f} s + {cached:.0f} s cached in the second worker")
     print(f"{len(cases)} cases; {skipped} skipped as declared unsupported; "
           f"{len(cases) - skipped} to run, compute-bound estimate {total_s / 60:.1f} min "
-          f"(fp32 matmul {rate / 1e9:.0f} GFLOP/s here)")
+          f"({'; '.join(where)})")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
     if n_shards > 1:

@@ -19,11 +19,13 @@ from . import report_captured as RC
 from . import report_model
 from . import report_tables as T
 from . import shards
+from .report_implementations import implementations_blocks
 from .run_folder import SETTING, load_run, short_labels
 
 SECTIONS = ("Answers", "Error per layer on captured inputs", "Empirical complexity",
-            "Crossover lengths", "Time, memory and error by length", "Scaling plots",
-            "Pareto front: error against time", "Achieved GFLOP/s", "Cases not measured", "Variant settings", "Environment")
+            "Crossover lengths", "Implementations", "Time, memory and error by length",
+            "Scaling plots", "Pareto front: error against time", "Achieved GFLOP/s",
+            "Cases not measured", "Variant settings", "Environment")
 
 
 def _varying(df: pd.DataFrame) -> list[str]:
@@ -131,6 +133,8 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
         table = T.crossover_table(g)
         if not table.empty:
             blocks += [("h", 3, setting), ("table", table)]
+
+    blocks += implementations_blocks(df)
 
     blocks += [("h", 2, "Time, memory and error by length"),
                ("p", "Cells hold the median where the case ran, else its status. Ratio tables "

@@ -34,6 +34,7 @@ from harness.worker import RESULT_PREFIX
 
 REPO = Path(__file__).resolve().parent.parent
 STATUSES = ("ok", "skipped", "oom", "timeout", "error", "nonfinite")
+NO_CUDA = "CUDA is not available on this machine"
 
 
 class Worker:
@@ -157,7 +158,7 @@ def skip_reasons(case: Case, module) -> list[str]:
     """Reasons, known before running, that a case cannot run here (declared by the variant)."""
     reasons = []
     if case.device == "cuda" and not torch.cuda.is_available():
-        reasons.append("CUDA is not available on this machine")
+        reasons.append(NO_CUDA)
     reasons += module.unsupported_reasons(device=case.device, dtype=getattr(torch, case.dtype),
                                           causal=case.causal, seq_len=case.seq_len,
                                           head_dim=case.head_dim, backward=case.backward)

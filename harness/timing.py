@@ -2,9 +2,11 @@
 
 Timer.blocked_autorange (PyTorch docs, "torch.utils.benchmark") calibrates a block size,
 then times blocks until `min_run_time` has passed; each block gives one per-call time.
-It synchronises CUDA around each block. A slow call may give fewer blocks than
-`min_repeats`; then single calls are timed (same clock, same synchronisation) until there
-are enough, so the IQR means something; a call known to be slow skips autorange. Inputs and modules are built by the caller, outside the timed region.
+A slow call may give fewer blocks than `min_repeats`; then single calls are timed (same
+clock) until there are enough, so the IQR means something; a call known to be slow skips
+autorange. CUDA work is timed per call with CUDA events after a synchronisation
+(`time_cuda_events`, DESIGN.md "How things are measured"). Inputs and modules are built
+by the caller, outside the timed region.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import torch
 from torch.utils import benchmark
 
 
+# Per-call event timings of a microsecond kernel stop here even short of min_run_time.
+_MAX_EVENT_REPEATS = 10_000
+
+
 @dataclasses.dataclass(frozen=True)
 class Timing:
     time_ms: float  # median per-call time
@@ -26,15 +32,21 @@ class Timing:
 
 
 def time_call(fn: Callable[[], object], *, min_run_time: float = 0.2, min_repeats: int = 5,
-              warmup: int = 1, call_s: float | None = None) -> Timing:
+              warmup: int = 1, call_s: float | None = None,
+              device: torch.device | str | None = None) -> Timing:
     """Time fn() after `warmup` untimed calls.
 
     call_s: a rough duration of one call seen before (untimed). When min_repeats such calls
     already fill min_run_time, the calls are timed one by one, which spares
     blocked_autorange's calibration calls on slow cases.
+    device: where fn's work runs; on CUDA each call is timed with CUDA events
+    (`time_cuda_events`), on the GPU's own clock.
     """
     for _ in range(warmup):
         fn()
+    if device is not None and torch.device(device).type == "cuda":
+        return time_cuda_events(fn, torch.device(device), min_run_time=min_run_time,
+                                min_repeats=min_repeats)
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
                             num_threads=torch.get_num_threads())
     if call_s is not None and call_s * min_repeats >= min_run_time:
@@ -57,6 +69,32 @@ def _time_once(fn: Callable[[], object]) -> float:
     fn()
     sync()
     return time.perf_counter() - start
+
+
+def time_cuda_events(fn: Callable[[], object], device: torch.device, *,
+                     min_run_time: float = 0.2, min_repeats: int = 5) -> Timing:
+    """Per-call times of fn() on `device` from CUDA events, after a synchronisation.
+
+    The device is synchronised first (no earlier work in the measurement); each call is
+    bracketed by two events recorded on the current stream and read after the end event
+    has completed (Event.elapsed_time, ms on the GPU's clock: launch overhead that the
+    GPU does not see is excluded, queued work is not). Calls repeat until min_repeats
+    are timed and their sum reaches min_run_time.
+    """
+    torch.cuda.synchronize(device)
+    times, total = [], 0.0
+    with torch.cuda.device(device):
+        while len(times) < min_repeats or (total < min_run_time
+                                           and len(times) < _MAX_EVENT_REPEATS):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+            total += times[-1]
+    return summarise(times)
 
 
 def summarise(times_s: list[float]) -> Timing:

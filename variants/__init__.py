@@ -23,3 +23,6 @@ from . import block_sparse  # noqa: E402,F401
 from . import linformer  # noqa: E402,F401
 from . import nystrom  # noqa: E402,F401
 from . import linear  # noqa: E402,F401
+from . import flex  # noqa: E402,F401
+from . import sdpa_mask  # noqa: E402,F401
+from . import xformers_bias  # noqa: E402,F401

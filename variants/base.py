@@ -42,6 +42,9 @@ class Variant(torch.nn.Module):
     paper: ClassVar[str] = ""
     supports_causal: ClassVar[bool] = True
     supports_backward: ClassVar[bool] = True
+    # Runs a torch.compile'd kernel: each new dtype, pattern, causal flag (and the first
+    # length) compiles for seconds, in `prepare`. Tests give such variants few shapes.
+    compiles: ClassVar[bool] = False
 
     def __init__(self, params=None):
         super().__init__()
@@ -87,6 +90,17 @@ class Variant(torch.nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                causal: bool) -> torch.Tensor:
         raise NotImplementedError
+
+    def prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                backward: bool = False) -> bool:
+        """One-time work for this case before anything is timed; True when there was some.
+
+        Library kernels compile here (torch.compile) and build their masks for q's length
+        and device; the harness times this call into `compile_ms`, never into `time_ms`.
+        `backward`: the case also runs the backward pass (compile that too). The default
+        does nothing and returns False (the harness then leaves `compile_ms` empty).
+        """
+        return False
 
     # -- description ------------------------------------------------------------------
     def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:

@@ -76,6 +76,13 @@ def bigbird_layout(nb: int, window_blocks: int, global_blocks: int, random_block
     return fixed | rand
 
 
+def in_layout(layout: torch.Tensor, block_size: int, i: torch.Tensor,
+              j: torch.Tensor) -> torch.Tensor:
+    """Whether query i may attend key j under a block layout, elementwise over broadcast
+    index tensors: layout[i // block_size, j // block_size]."""
+    return layout[i // block_size, j // block_size]
+
+
 @register
 class BlockSparse(Variant):
     """Exact softmax attention restricted to a BigBird block layout (window + global + random)."""
@@ -106,8 +113,7 @@ class BlockSparse(Variant):
         b = self.params.block_size
 
         def allowed(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-            blocks = lay.to(i.device)
-            return blocks[(i // b)[:, None], (j // b)[None, :]]  # (c, n)
+            return in_layout(lay.to(i.device), b, i[:, None], j[None, :])  # (c, n)
         return allowed
 
     def flops(self, B, H, N, D, causal=False):

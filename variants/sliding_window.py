@@ -39,11 +39,16 @@ class SlidingWindowParams:
     window: int = param(256, doc="keys on each side a query sees (|i - j| <= window)", min=0)
 
 
+def in_band(i: torch.Tensor, j: torch.Tensor, window: int) -> torch.Tensor:
+    """i - window <= j <= i + window, elementwise over broadcast index tensors."""
+    d = j - i
+    return (d >= -window) & (d <= window)
+
+
 def band_mask(window: int) -> KeyMask:
-    """The key predicate i - window <= j <= i + window."""
+    """The key predicate i - window <= j <= i + window, as a KeyMask ([c], [n] -> [c, n])."""
     def allowed(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        d = j[None, :] - i[:, None]  # (c, n)
-        return (d >= -window) & (d <= window)
+        return in_band(i[:, None], j[None, :], window)  # (c, n)
     return allowed
 
 
