@@ -29,10 +29,19 @@ def fastest_from(pivot: pd.DataFrame) -> str:
     start = len(lengths) - 1
     while start > 0 and best.iloc[start - 1] == winner:
         start -= 1
-    text = f"{winner} is fastest from N = {lengths[start]} on (to N = {lengths[-1]})"
-    if start:
-        before = ", ".join(f"{best.iloc[i]} at N = {lengths[i]}" for i in range(start))
-        text += f"; before that: {before}"
+    if start == len(lengths) - 1 and start:
+        text = f"{winner} is fastest at the largest length, N = {lengths[-1]}"
+    else:
+        text = f"{winner} is fastest from N = {lengths[start]} on (to N = {lengths[-1]})"
+    runs: list[list] = []  # [variant, first N, last N] of each stretch one variant led
+    for n, v in zip(lengths[:start], best.iloc[:start]):
+        if runs and runs[-1][0] == v:
+            runs[-1][2] = n
+        else:
+            runs.append([v, n, n])
+    if runs:
+        text += "; before that: " + ", ".join(
+            f"{v} at N = {a}" if a == b else f"{v} from N = {a} to {b}" for v, a, b in runs)
     missing = [n for n in lengths if pivot[n].isna().any()]
     if missing:
         text += f"; not every implementation ran at N = {', '.join(map(str, missing))}"
