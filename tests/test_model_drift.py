@@ -171,8 +171,8 @@ def test_default_job_runs_the_drift_into_the_matrix_folder(tmp_path, monkeypatch
     folder = tmp_path / "results" / "20260101-000000"
     monkeypatch.setattr(cli_run, "run_default", lambda: calls.append("run") or folder)
     monkeypatch.setattr(cli_model, "run_model", lambda args: calls.append(
-        ("model", args.model, args.seq_lens, args.results_dir, args.run_id)))
+        ("model", args.model, args.seq_lens, args.windows, args.results_dir, args.run_id)))
     monkeypatch.setattr(cli_report, "report_dir", lambda d: calls.append(("report", d)) or 0)
     assert run_bench.main([]) == 0
-    assert calls == ["run", ("model", "minilm", "512", folder.parent, folder.name),
+    assert calls == ["run", ("model", "minilm", "512", "1", folder.parent, folder.name),
                      ("report", folder)]
