@@ -63,10 +63,10 @@ def _split_top(text: str) -> list[str]:
 def parse_variants(text: str | None) -> list[tuple[str, dict]]:
     """'a,b(k=1, c=x)' -> [("a", {}), ("b", {"k": 1, "c": "x"})], each checked by the registry."""
     import variants
-    from harness.model_drift import DEFAULT_VARIANTS
+    from harness.model_drift import default_variants
 
     if text is None:
-        return [(name, {}) for name in DEFAULT_VARIANTS]
+        return [(name, {}) for name in default_variants()]
     out = []
     for item in _split_top(text):
         name, _, rest = item.partition("(")
