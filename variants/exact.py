@@ -50,6 +50,19 @@ class SDPA(_Exact):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def xformers_reasons(device: torch.device, dtype: torch.dtype) -> list[str]:
+    """Why xformers.ops.memory_efficient_attention cannot run here (empty when it can)."""
+    if importlib.util.find_spec("xformers") is None:
+        return ["xformers is not installed (optional extra: pip install -e '.[xformers]'; "
+                "it runs on CUDA only)"]
+    if device.type != "cuda":
+        return [f"xformers.ops.memory_efficient_attention runs on CUDA only, not on "
+                f"{device.type}"]
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return [f"xformers memory_efficient_attention does not take {dtype}"]
+    return []
+
+
 @register
 class XFormers(_Exact):
     """Exact attention by xformers.ops.memory_efficient_attention (CUDA only)."""
@@ -57,14 +70,7 @@ class XFormers(_Exact):
     paper = "https://arxiv.org/abs/2112.05682"
 
     def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
-        if importlib.util.find_spec("xformers") is None:
-            return ["xformers is not installed (optional extra: pip install -e '.[xformers]'; "
-                    "it runs on CUDA only)"]
-        if device.type != "cuda":
-            return ["xformers.ops.memory_efficient_attention has no CPU kernel (CUDA only)"]
-        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            return [f"xformers memory_efficient_attention does not take {dtype}"]
-        return []
+        return xformers_reasons(device, dtype)
 
     def attend(self, q, k, v, causal):
         from xformers.ops import LowerTriangularMask, memory_efficient_attention

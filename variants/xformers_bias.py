@@ -16,11 +16,9 @@ N x N baseline again (that is `block_sparse_sdpa_mask`).
 
 from __future__ import annotations
 
-import importlib.util
-
-import torch
 
 from .base import KeyMask, Variant
+from .exact import xformers_reasons
 from .registry import register
 from .sliding_window import SlidingWindowParams, band_mask
 
@@ -43,15 +41,7 @@ class SlidingWindowXFormers(Variant):
     paper = "https://arxiv.org/abs/2112.05682"
 
     def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
-        if importlib.util.find_spec("xformers") is None:
-            return ["xformers is not installed (optional extra: pip install -e '.[xformers]'; "
-                    "it runs on CUDA only)"]
-        if device.type != "cuda":
-            return [f"xformers.ops.memory_efficient_attention runs on CUDA only, not on "
-                    f"{device.type}"]
-        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            return [f"xformers memory_efficient_attention does not take {dtype}"]
-        return []
+        return xformers_reasons(device, dtype)
 
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
