@@ -168,6 +168,21 @@ class BlockSparse(Variant):
         return out[:, :, :N]  # (B, H, N, D)
 
 
+class SameLayout:
+    """Mixin of another library's implementation of BigBird block sparsity: block_sparse's
+    parameters, and the layout of a BlockSparse built from them (drawn and cached once)
+    as its key_mask. List it before the implementation's base class."""
+    family = "sparse"
+    Params = BlockSparseParams
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self._pattern = BlockSparse(self.params)
+
+    def key_mask(self, seq_len: int) -> KeyMask:
+        return self._pattern.key_mask(seq_len)
+
+
 def _gather(xp: torch.Tensor, cols: torch.Tensor, span) -> torch.Tensor:
     """(B, H, nb, b, D) blocks -> the row's key blocks concatenated, (B, H, K b, D)."""
     B, H, _, b, D = xp.shape

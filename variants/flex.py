@@ -38,7 +38,7 @@ import shutil
 import torch
 
 from .base import KeyMask, Variant
-from .block_sparse import BlockSparse, BlockSparseParams
+from .block_sparse import SameLayout
 from .registry import register
 from .sliding_window import SlidingWindowParams, band_mask, in_band
 
@@ -237,18 +237,9 @@ class SlidingWindowFlex(_Flex):
 
 
 @register
-class BlockSparseFlex(_Flex):
+class BlockSparseFlex(SameLayout, _Flex):
     """BigBird block-sparse attention (block_sparse's layout) by compiled FlexAttention."""
     name = "block_sparse_flex"
-    family = "sparse"
-    Params = BlockSparseParams
-
-    def __init__(self, params=None):
-        super().__init__(params)
-        self._pattern = BlockSparse(self.params)  # the layout, drawn and cached once
-
-    def key_mask(self, seq_len: int) -> KeyMask:
-        return self._pattern.key_mask(seq_len)
 
     def _allows(self, N, device):
         # BlockMask blocks are the layout's blocks (same block size), so inside a touched

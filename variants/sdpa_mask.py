@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import KeyMask, Variant
-from .block_sparse import BlockSparse, BlockSparseParams
+from .block_sparse import SameLayout
 from .registry import register
 from .sliding_window import SlidingWindowParams, band_mask
 
@@ -75,15 +75,6 @@ class SlidingWindowSDPAMask(_SDPAMask):
 
 
 @register
-class BlockSparseSDPAMask(_SDPAMask):
+class BlockSparseSDPAMask(SameLayout, _SDPAMask):
     """BigBird block-sparse attention (block_sparse's layout) by SDPA with a bool N x N mask."""
     name = "block_sparse_sdpa_mask"
-    family = "sparse"
-    Params = BlockSparseParams
-
-    def __init__(self, params=None):
-        super().__init__(params)
-        self._pattern = BlockSparse(self.params)  # the layout, drawn and cached once
-
-    def key_mask(self, seq_len: int) -> KeyMask:
-        return self._pattern.key_mask(seq_len)
