@@ -28,7 +28,7 @@ class Error:
     rel_err: float
     max_abs_err: float
     err_rows: int  # query rows compared (N when all)
-    row_cos: float = float("nan")
+    row_cos: float  # mean cosine of o's rows to the reference's rows
     layer_rel_err: list[float] | None = None  # per layer (captured inputs), in layer order
 
 
