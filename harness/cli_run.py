@@ -120,10 +120,8 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
     if resume:
         sharded.merge_before_serial(store, cases)
     counts = runner.run(matrix, cases, store, resume=resume)
-    summary = ", ".join(f"{s} {counts[s]}" for s in runner.STATUSES)
-    earlier = len(cases) - sum(counts.values())
-    print(f"{len(cases)} cases: {summary}"
-          f"{f' ({earlier} done earlier)' if earlier else ''} -> {store.folder}")
+    print(runner.summary_line(len(cases), counts, len(cases) - sum(counts.values()),
+                              store.folder))
     return store.folder
 
 

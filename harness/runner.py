@@ -165,6 +165,13 @@ def skip_reasons(case: Case, module) -> list[str]:
     return reasons + capture.skip_reasons(case)
 
 
+def summary_line(n_cases: int, counts: Counter, earlier: int, folder: Path) -> str:
+    """The last line of a run: rows written by status, cases done in earlier sessions."""
+    summary = ", ".join(f"{s} {counts[s]}" for s in STATUSES)
+    return (f"{n_cases} cases: {summary}{f' ({earlier} done earlier)' if earlier else ''} "
+            f"-> {folder}")
+
+
 def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Counter:
     """Run every case not yet in the store; returns the count of rows by status (this run)."""
     done = store.done_ids() if resume else set()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness import estimate, shards
+from harness import estimate, runner, shards
 from harness import executors as ex
 from harness.errors import UsageError
 from harness.matrix import Case
@@ -93,11 +93,8 @@ def run(matrix: dict, cases: list[Case], store: RunStore, resume: bool,
     _close_session(store, meta)
     ids = [c.case_id for c in cases]
     counts = Counter(rows[k]["status"] for k in ids if k in rows and k not in finished_before)
-    summary = ", ".join(f"{s} {counts[s]}" for s in ("ok", "skipped", "oom", "timeout",
-                                                     "error", "nonfinite"))
-    earlier = sum(k in finished_before for k in ids)
-    print(f"{len(cases)} cases: {summary}{f' ({earlier} done earlier)' if earlier else ''} "
-          f"-> {folder}")
+    print(runner.summary_line(len(cases), counts, sum(k in finished_before for k in ids),
+                              folder))
     missing = [k for k in ids if k not in rows]
     if missing:
         logs = folder / "submitit"
