@@ -24,7 +24,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness import cli_model, cli_report, cli_run
+    from harness.cli import model as cli_model
+    from harness.cli import report as cli_report
+    from harness.cli import run as cli_run
 
     p = _Parser(prog="run_bench.py", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
@@ -38,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness import cli_model, cli_report, cli_run
+    from harness.cli import model as cli_model
+    from harness.cli import report as cli_report
+    from harness.cli import run as cli_run
 
     try:
         args = _parser().parse_args(argv)

@@ -1,6 +1,6 @@
 """Throwaway variants for the harness tests: one raises, one sleeps, one returns NaN.
 
-Loaded by path (harness.worker.import_extra / ATTNBENCH_EXTRA_MODULES) in the test process
+Loaded by path (harness.measure.worker.import_extra / ATTNBENCH_EXTRA_MODULES) in the test process
 and in the harness's worker processes; names start with "_" so "all" leaves them out.
 """
 

@@ -1,4 +1,4 @@
-"""harness.capture: captured q, k, v against an independent recomputation from the model's
+"""harness.models.capture: captured q, k, v against an independent recomputation from the model's
 own weights, the model unchanged by capturing, the matrix's captured cases and their bad
 input, the error columns, and a small real run through the runner."""
 
@@ -13,10 +13,12 @@ import pytest
 import torch
 
 import run_bench
-from harness import accuracy, capture, runner
-from harness import hf_source as hf
-from harness import matrix as mx
-from harness.store import RunStore
+from harness.measure import accuracy
+from harness.models import capture
+from harness.measure import runner
+from harness.models import source as hf
+from harness.measure import matrix as mx
+from harness.measure.store import RunStore
 
 N, WINDOWS, SEED = 64, 2, 3
 

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli_report import add_compare_args, compare_command
-from harness.compare import compare_runs, to_markdown
+from harness.cli.report import add_compare_args, compare_command
+from harness.report.compare import compare_runs, to_markdown
 from harness.errors import UsageError
-from harness.run_folder import load_run
+from harness.report.folder import load_run
 from report_synth import row, write_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,7 +100,6 @@ def test_no_common_case_is_a_usage_error(tmp_path):
         compare_command(_args(a, bdir))
 
 
-@pytest.mark.skipif(not (REPO / "harness" / "cli_run.py").exists(), reason="no cli_run yet")
 def test_cli_exit_codes(tmp_path, capsys):
     """Through run_bench.main, the path `python run_bench.py compare` takes."""
     import run_bench

@@ -13,7 +13,8 @@ import torch
 
 import run_bench
 import variants
-from harness import memory, timing
+from harness.measure import memory
+from harness.measure import timing
 
 NAMES = variants.names()
 NO_CUDA = "CUDA is not available on this machine"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import variants
-from harness import matrix as mx
+from harness.measure import matrix as mx
 from harness.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent

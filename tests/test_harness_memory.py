@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 
-from harness.matrix import Case
-from harness.memory import MALLOC_ENV, MemoryGuard
+from harness.measure.matrix import Case
+from harness.measure.memory import MALLOC_ENV, MemoryGuard
 
 REPO = Path(__file__).resolve().parent.parent
 
 _PROBE = r"""
 import json, torch
-from harness.memory import peak_cpu_mib
+from harness.measure.memory import peak_cpu_mib
 def temporaries():  # ten sequential 20 MiB temporaries, each freed before the next
     for _ in range(10):
         t = torch.ones(5 * 2**20)  # 20 MiB of float32, written

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import variants
-from harness import matrix as mx
-from harness import runner
-from harness.store import RunStore
-from harness.worker import EXTRA_ENV, import_extra
+from harness.measure import matrix as mx
+from harness.measure import runner
+from harness.measure.store import RunStore
+from harness.measure.worker import EXTRA_ENV, import_extra
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = str(REPO / "tests" / "harness_fakes.py")

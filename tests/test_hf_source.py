@@ -1,9 +1,9 @@
-"""harness.hf_source: the shipped model, its config, text windows and the usage errors."""
+"""harness.models.source: the shipped model, its config, text windows and the usage errors."""
 
 import pytest
 import torch
 
-from harness import hf_source as hf
+from harness.models import source as hf
 from harness.errors import UsageError
 
 

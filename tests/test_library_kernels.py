@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import variants
-from harness.matrix import Case
-from harness.report_implementations import fastest_from, implementations_blocks
-from harness.worker import run_case
+from harness.measure.matrix import Case
+from harness.report.implementations import fastest_from, implementations_blocks
+from harness.measure.worker import run_case
 
 
 def _dense(mask, N, causal):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import variants
-from harness.inputs import make_inputs
+from harness.measure.inputs import make_inputs
 from variants.linformer import segment_means, segment_sizes
 from variants.nystrom import iterative_pinv
 from variants.reference import exact_reference

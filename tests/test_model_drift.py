@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import run_bench
-from harness import hf_source as hf
-from harness.model_store import COLUMNS
+from harness.models import source as hf
+from harness.drift.store import COLUMNS
 
 
 def _main(capsys, *argv):
@@ -144,7 +144,7 @@ def test_attention_function_grouped_heads_causal_and_refusals():
     import types
 
     import variants
-    from harness.hf_attention import attention_function
+    from harness.models.attention import attention_function
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 10, 16, generator=g)
@@ -165,7 +165,9 @@ def test_attention_function_grouped_heads_causal_and_refusals():
 
 
 def test_default_job_runs_the_drift_into_the_matrix_folder(tmp_path, monkeypatch):
-    from harness import cli_model, cli_report, cli_run
+    from harness.cli import model as cli_model
+    from harness.cli import report as cli_report
+    from harness.cli import run as cli_run
 
     calls = []
     folder = tmp_path / "results" / "20260101-000000"

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.memory import MALLOC_ENV
+from harness.measure.memory import MALLOC_ENV
 from variants import dense_mask, exact_reference, naive_attention
 
 
@@ -74,7 +74,7 @@ def test_low_precision_inputs_are_upcast_not_rounded():
 
 _PROBE = """
 import torch
-from harness.memory import peak_cpu_mib
+from harness.measure.memory import peak_cpu_mib
 from variants import exact_reference
 torch.manual_seed(0)
 q, k, v = torch.randn(3, 1, 8, 32768, 64).unbind(0)

@@ -6,11 +6,11 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from harness import plots
-from harness.cli_report import report_dir
+from harness.report import plots
+from harness.cli.report import report_dir
 from harness.errors import UsageError
-from harness.report import SECTIONS, write_report
-from harness.run_folder import load_run, variant_label
+from harness.report.build import SECTIONS, write_report
+from harness.report.folder import load_run, variant_label
 from report_synth import synthetic_rows, write_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,7 +147,6 @@ def test_a_run_with_no_ok_case_still_reports(tmp_path):
     assert "boom" in _section(md, "Cases not measured")
 
 
-@pytest.mark.skipif(not (REPO / "harness" / "cli_run.py").exists(), reason="no cli_run yet")
 @pytest.mark.parametrize("case", ["not a folder", "no results files", "missing column",
                                   "no common case"])
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, case):

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.analysis import classify_change, crossover, loglog_slope, pareto_front
+from harness.report.analysis import classify_change, crossover, loglog_slope, pareto_front
 
 N = np.array([256, 512, 1024, 2048, 4096, 8192, 16384])
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from harness.report import write_report
+from harness.report.build import write_report
 from report_synth import row, write_run
 
 LAYERS = [0.3, 0.1, 0.2, 0.05, 0.4, 0.6]

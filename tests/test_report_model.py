@@ -3,8 +3,8 @@
 import csv
 import json
 
-from harness.model_store import COLUMNS
-from harness.report import write_report
+from harness.drift.store import COLUMNS
+from harness.report.build import write_report
 from report_synth import synthetic_rows, write_run
 
 

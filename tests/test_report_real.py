@@ -7,14 +7,13 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from harness import plots
-from harness.report import SECTIONS
+from harness.report import plots
+from harness.report.build import SECTIONS
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow  # a real run: ~10 s of CPU, a worker process per case
-@pytest.mark.skipif(not (REPO / "harness" / "runner.py").exists(), reason="no harness runner yet")
 def test_report_of_a_small_real_run(tmp_path, capsys):
     run = [sys.executable, "run_bench.py", "run", "--preset", "quick", "--variants",
            "sdpa,standard", "--seq-lens", "128,256", "--results-dir", str(tmp_path),

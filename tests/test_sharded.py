@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from harness import matrix as mx
-from harness import shards
-from harness.worker import EXTRA_ENV, import_extra
+from harness.measure import matrix as mx
+from harness.cluster import shards
+from harness.report import provenance
+from harness.measure.worker import EXTRA_ENV, import_extra
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = str(REPO / "tests" / "harness_fakes.py")
@@ -124,7 +125,7 @@ def test_scancel_one_shard_then_rerun_finishes_each_case_once(tmp_path, monkeypa
         assert time.monotonic() < deadline, "shard 0 wrote no row in 120 s"
         time.sleep(0.1)
     subprocess.run(["scancel", a["job_id"]], check=True)
-    from harness.executors import alive
+    from harness.cluster.executors import alive
     while a["job_id"] in alive([a]):
         assert time.monotonic() < deadline
         time.sleep(0.2)
@@ -239,11 +240,11 @@ def test_report_notes_warn_about_mixed_hardware_and_shared_nodes():
     rec = {"host": "a", "cpu_model": "EPYC", "cpu_count": 64, "cuda_devices": ["H100"],
            "shards_on_node": 1}
     same = {"shards": [rec, {**rec, "host": "b"}]}
-    assert not any("Warning" in n for n in shards.environment_notes(same, {"cuda"}))
-    assert "host(s): a (1), b (1)" in shards.environment_notes(same, {"cuda"})[-1]
+    assert not any("Warning" in n for n in provenance.environment_notes(same, {"cuda"}))
+    assert "host(s): a (1), b (1)" in provenance.environment_notes(same, {"cuda"})[-1]
     mixed = {"shards": [rec, {**rec, "host": "b", "cuda_devices": ["A100"]}]}
-    assert "different hardware" in shards.environment_notes(mixed, {"cuda"})[0]
+    assert "different hardware" in provenance.environment_notes(mixed, {"cuda"})[0]
     shared = {"shards": [{**rec, "shards_on_node": 2}, {**rec, "shards_on_node": 2}]}
-    assert not any("CPU timings" in n for n in shards.environment_notes(shared, {"cuda"}))
-    assert "2 shards at once on one node (a)" in shards.environment_notes(shared, {"cpu"})[0]
-    assert shards.environment_notes({}, {"cpu"}) == []  # a serial run: nothing to say
+    assert not any("CPU timings" in n for n in provenance.environment_notes(shared, {"cuda"}))
+    assert "2 shards at once on one node (a)" in provenance.environment_notes(shared, {"cpu"})[0]
+    assert provenance.environment_notes({}, {"cpu"}) == []  # a serial run: nothing to say

@@ -1,0 +1,9 @@
+"""The command line: argument parsing and the subcommands of run_bench.py, nothing else.
+
+    run.py     `run` (a matrix, serial or sharded; --dry-run) and `list`
+    model.py   `model` (drift of a pretrained model under each variant)
+    report.py  `report` and `compare`
+
+May import every other subpackage (it decides, for instance, to write the report after a
+sharded run finished); imported only by run_bench.py.
+"""

@@ -1,0 +1,221 @@
+"""The `run` and `list` commands of run_bench.py.
+
+`run` checks the whole matrix before anything is measured (every problem reported on one
+line, exit 2, nothing written), then runs it into <results-dir>/<run-id>/; the same run id
+again resumes that run (see harness.measure.store for the rule). `--dry-run` prints the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+import variants
+from harness.models import capture
+from harness.measure import estimate
+from harness.cluster import executors
+from harness.cluster import sharded
+from harness.cluster import shards
+from harness.measure import matrix as mx
+from harness.measure import runner
+from harness.errors import UsageError
+from harness.measure.store import RunStore, matmul_fp32_gflops
+from harness.measure.worker import import_extra
+
+# The narrowing flags: flag dest -> (matrix key, element type).
+_OVERRIDES = {"variants": ("variants", str), "seq_lens": ("seq_lens", int),
+              "device": ("devices", str), "dtype": ("dtypes", str), "pass_": ("passes", str),
+              "inputs": ("inputs", str), "causal": ("causal", "bool"), "batch": ("batch", int),
+              "heads": ("heads", int), "head_dim": ("head_dim", int)}
+_SCALARS = {"timeout": ("timeout_s", float), "min_run_time": ("min_run_time_s", float),
+            "min_repeats": ("min_repeats", int), "threads": ("threads", int),
+            "mem_limit_mib": ("mem_limit_mib", int), "err_rows": ("err_rows", int)}
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", default=None,
+                     help="quick (default), cpu, gpu, or a path to a .toml matrix")
+    src.add_argument("--config", default=None, help="a .toml matrix file of your own")
+    p.add_argument("--results-dir", default="results", type=Path)
+    p.add_argument("--run-id", default=None,
+                   help="folder name under --results-dir (default: a UTC timestamp); "
+                        "an existing run of the same matrix is resumed")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (cases, declared skips, rough time) and run nothing")
+    narrow = p.add_argument_group("narrowing (each replaces the matrix's key in every group)")
+    narrow.add_argument("--variants", help="comma-separated variant names to keep")
+    narrow.add_argument("--seq-lens", dest="seq_lens", help="e.g. 512,1024")
+    narrow.add_argument("--device", help="cpu or cuda (comma-separated)")
+    narrow.add_argument("--dtype", help="float32,bfloat16,...")
+    narrow.add_argument("--pass", dest="pass_", help="forward and/or forward_backward")
+    narrow.add_argument("--inputs", help="gaussian,sharp,local,minilm (or a [captures.NAME])")
+    narrow.add_argument("--causal", help="true, false or true,false")
+    narrow.add_argument("--batch")
+    narrow.add_argument("--heads")
+    narrow.add_argument("--head-dim", dest="head_dim")
+    sett = p.add_argument_group("run settings")
+    sett.add_argument("--timeout", help="seconds per case before the worker is killed")
+    sett.add_argument("--min-run-time", dest="min_run_time", help="timing budget per case, s")
+    sett.add_argument("--min-repeats", dest="min_repeats", help="at least this many timings")
+    sett.add_argument("--threads", help="torch threads in the worker (0: all cores)")
+    sett.add_argument("--mem-limit-mib", dest="mem_limit_mib",
+                      help="worker address-space cap above its baseline (0: MemAvailable*0.9)")
+    sett.add_argument("--err-rows", dest="err_rows", help="query rows sampled for the error")
+    executors.add_args(p)
+
+
+def _parse(text: str, typ, flag: str):
+    try:
+        if typ == "bool":
+            return {"true": True, "false": False}[text.strip().lower()]
+        return typ(text.strip())
+    except (KeyError, ValueError):
+        name = "true/false" if typ == "bool" else typ.__name__
+        raise UsageError(f"--{flag.replace('_', '-')}: expected {name}, got {text!r}") from None
+
+
+def overrides_from(args) -> dict:
+    out = {}
+    for dest, (key, typ) in _OVERRIDES.items():
+        text = getattr(args, dest, None)
+        if text is not None:
+            out[key] = [_parse(t, typ, dest.rstrip("_")) for t in text.split(",") if t.strip()]
+    for dest, (key, typ) in _SCALARS.items():
+        text = getattr(args, dest, None)
+        if text is not None:
+            out[key] = _parse(text, typ, dest)
+    return out
+
+
+def _run_id() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | None,
+               settings: executors.Settings | None = None, argv: list[str] | None = None):
+    """Check, then run a matrix; returns the run folder when every case has a row, else the
+    exit status (a sharded run submitted with --no-wait or left unfinished).
+
+    UsageError before any writing."""
+    settings = settings or executors.Settings()
+    matrix, cases = mx.load(source, overrides)
+    if not cases:
+        raise UsageError("the matrix has no cases")
+    local = settings.kind != "slurm"  # Slurm jobs run on the cluster's nodes, not here
+    if local and any(c.device == "cuda" for c in cases) and not torch.cuda.is_available():
+        raise UsageError("the matrix asks for device cuda but CUDA is not available here "
+                         "(--device cpu, or --dry-run to see the plan)")
+    run_id = run_id or _run_id()
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise UsageError(f"--run-id must be a plain folder name, got {run_id!r}")
+    executors.check_available(settings)
+    store = RunStore(Path(results_dir) / run_id)
+    resume = store.check(matrix)
+    capture.prepare(cases)  # captured inputs: once, cached, before anything is measured
+    if settings.kind != "serial":
+        return sharded.run(matrix, cases, store, resume, settings, _rerun(argv, run_id))
+    if resume:
+        sharded.merge_before_serial(store, cases)
+    counts = runner.run(matrix, cases, store, resume=resume)
+    print(runner.summary_line(len(cases), counts, len(cases) - sum(counts.values()),
+                              store.folder))
+    return store.folder
+
+
+def _rerun(argv: list[str] | None, run_id: str) -> str:
+    """The command that waits for this run's jobs, merges and reports: the same command
+    without --no-wait, with the run id."""
+    argv = [a for a in (argv or []) if a != "--no-wait"]
+    if not any(a == "--run-id" or a.startswith("--run-id=") for a in argv):
+        argv += ["--run-id", run_id]
+    return shlex.join([sys.executable.rsplit("/", 1)[-1], "run_bench.py", *argv])
+
+
+def run_command(args) -> int:
+    import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
+    source = args.config or args.preset or "quick"
+    settings = executors.settings_from(args, mx.read_toml(source).get("executor"))
+    if args.dry_run:
+        return plan(source, overrides_from(args), settings.shards)
+    out = run_matrix(source, overrides_from(args), args.results_dir, args.run_id, settings,
+                     getattr(args, "argv", None))
+    if isinstance(out, int):
+        return out
+    if settings.kind != "serial":  # a sharded run that waited for its jobs also reports
+        from harness.cli.report import report_dir
+
+        return report_dir(out)
+    return 0
+
+
+def run_default() -> Path:
+    """The default job of `python run_bench.py`: the quick preset on CPU into results/."""
+    return run_matrix("quick", {"devices": ["cpu"]}, Path("results"), None)
+
+
+def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
+    """Print the cases, their declared skips and a rough time estimate (harness.measure.estimate);
+    with n_shards > 1, also each shard's share."""
+    _, cases = mx.load(source, overrides)
+    rate = matmul_fp32_gflops(cases[0].threads if cases else 1) * 1e9
+    skipped, reasons, total_s = 0, Counter(), 0.0
+    planned = estimate.plan_cases(cases, rate)
+    for case, why, cost in planned:
+        if why:
+            skipped += 1
+            reasons[f"{case.variant}: {'; '.join(why)}"] += 1
+            continue
+        total_s += cost
+    where = [f"fp32 matmul {rate / 1e9:.0f} GFLOP/s measured here"] * any(
+        c.device == "cpu" for c in cases)
+    if any(c.device == "cuda" for c in cases):
+        fast, cached = estimate.COMPILE_ASSUMED_S
+        where.append(f"CUDA cases at an assumed {estimate.GPU_ASSUMED_GFLOPS / 1e3:.0f} TFLOP/s "
+                     f"GPU{'' if torch.cuda.is_available() else ' (no CUDA here)'}, a compile "
+                     f"{fast:.0f} s + {cached:.0f} s cached in the second worker")
+    print(f"{len(cases)} cases; {skipped} skipped as declared unsupported; "
+          f"{len(cases) - skipped} to run, compute-bound estimate {total_s / 60:.1f} min "
+          f"({'; '.join(where)})")
+    for reason, n in reasons.most_common():
+        print(f"  skip x{n}: {reason}")
+    if n_shards > 1:
+        cost = {c.case_id: t for c, _, t in planned}
+        for i, part in enumerate(shards.split([(c, t) for c, _, t in planned], n_shards)):
+            print(f"  shard {i}: {len(part)} cases, estimate "
+                  f"{sum(cost[c.case_id] for c in part) / 60:.1f} min")
+    return 0
+
+
+def add_list_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--all", action="store_true", help="include names starting with '_'")
+
+
+def list_command(args) -> int:
+    rows = []
+    for name in variants.names(private=args.all):
+        s = variants.spec(name)
+        params = ", ".join(f"{p.name}={p.default!r}" + _constraint(p) for p in s.params) or "-"
+        exact = "exact" if s.exact else ("pattern" if s.pattern_exact else "approx")
+        rows.append([name, s.family, exact, "yes" if s.supports_causal else "no",
+                     "yes" if s.supports_backward else "no", params, s.paper])
+    print(tabulate(rows, headers=["variant", "family", "exact", "causal", "backward",
+                                  "parameters (defaults)", "paper"]))
+    return 0
+
+
+def _constraint(p) -> str:
+    if p.choices is not None:
+        return " {" + "|".join(map(str, p.choices)) + "}"
+    if p.min is not None or p.max is not None:
+        lo = "" if p.min is None else f"{p.min:g}"
+        hi = "" if p.max is None else f"{p.max:g}"
+        return f" [{lo}..{hi}]"
+    return ""

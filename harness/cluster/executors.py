@@ -1,0 +1,290 @@
+"""Where a run's cases execute: `serial` (this process's worker pair, the default), or
+shards submitted with submitit (https://github.com/facebookincubator/submitit): `local`
+(LocalExecutor: processes on this node, each pinned to its own GPU when it has several)
+or `slurm` (SlurmExecutor: one job array, a task per shard).
+
+Settings come from the `[executor]` table of the matrix TOML and from the command line
+(which wins); they are never part of the matrix, so a run resumed with another executor
+or shard count is the same run. Each shard is a `ShardJob` (submitit's Checkpointable:
+on preemption or a time limit, Slurm requeues it and it carries on from its own file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.measure.store import RunStore
+
+EXECUTORS = ("serial", "local", "slurm")
+REPO = Path(__file__).resolve().parents[2]
+# Slurm job states after which a job no longer runs (squeue's long names).
+_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+          "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"}
+_FLAGS = {  # key (TOML and flag) -> (type, submitit AutoExecutor parameter)
+    "slurm_partition": (str, "slurm_partition"), "slurm_time": (int, "timeout_min"),
+    "slurm_gpus_per_node": (int, "gpus_per_node"), "slurm_cpus_per_task": (int, "cpus_per_task"),
+    "slurm_mem_gb": (float, "mem_gb"), "slurm_account": (str, "slurm_account"),
+    "slurm_constraint": (str, "slurm_constraint")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    kind: str = "serial"
+    shards: int = 1
+    slurm: tuple = ()  # ((submitit parameter, value), ...)
+    sbatch: tuple = ()  # ((sbatch option, value), ...): slurm_additional_parameters
+    no_wait: bool = False
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("executor (also an [executor] table in the matrix TOML, same keys)")
+    g.add_argument("--executor", choices=EXECUTORS, default=None,
+                   help="serial (default): this machine, one case at a time; local: --shards "
+                        "processes here; slurm: --shards Slurm jobs")
+    g.add_argument("--shards", default=None, help="jobs to split the cases over (default 1)")
+    g.add_argument("--no-wait", dest="no_wait", action="store_true",
+                   help="submit, print the job ids and the command that waits and merges, exit")
+    for key, (typ, _) in _FLAGS.items():
+        g.add_argument("--" + key.replace("_", "-"), dest=key, default=None,
+                       help={"slurm_time": "time limit per job, minutes (slurm default 60; local: "
+                                            "none unless given)"}.get(key))
+    g.add_argument("--slurm-opt", dest="slurm_opt", action="append", default=None,
+                   metavar="KEY[=VALUE]",
+                   help="any other sbatch option, e.g. qos=high or exclusive (repeatable)")
+
+
+def _typed(key: str, value, typ):
+    try:
+        if isinstance(value, bool) or (typ is int and isinstance(value, float)):
+            raise ValueError
+        out = typ(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"executor: {key} must be {typ.__name__}, got {value!r}") from None
+    if typ in (int, float) and out <= 0:
+        raise UsageError(f"executor: {key} must be positive, got {value!r}")
+    return out
+
+
+def settings_from(args, table: dict | None) -> Settings:
+    """Settings from the TOML's [executor] table overridden by the flags; UsageError if bad."""
+    if table is not None and not isinstance(table, dict):
+        raise UsageError("'executor' in the matrix TOML must be a table ([executor])")
+    table = dict(table or {})
+    known = {"executor", "shards", "slurm_opt", *_FLAGS}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise UsageError(f"[executor]: unknown key(s) {', '.join(unknown)}; allowed: "
+                         f"{', '.join(sorted(known))}")
+    kind = args.executor or table.get("executor", "serial")
+    if kind not in EXECUTORS:
+        raise UsageError(f"executor: unknown {kind!r}; allowed: {', '.join(EXECUTORS)}")
+    if args.shards is not None:
+        shards = _typed("--shards", args.shards, int)
+        if kind == "serial" and shards > 1:
+            raise UsageError("--shards needs --executor local or slurm")
+    else:  # a TOML's shards count does not apply when the command line chose serial
+        shards = _typed("shards", table.get("shards", 1), int) if kind != "serial" else 1
+    slurm = {k: table[k] for k in _FLAGS if k in table}
+    slurm.update({k: getattr(args, k) for k in _FLAGS if getattr(args, k, None) is not None})
+    params = tuple(sorted((_FLAGS[k][1], _typed(k, v, _FLAGS[k][0])) for k, v in slurm.items()))
+    opts = table.get("slurm_opt", {})
+    if not isinstance(opts, dict):
+        raise UsageError("[executor]: slurm_opt must be a table of sbatch options")
+    # a bare flag (`--slurm-opt exclusive`, `exclusive = true`): submitit writes `--exclusive`
+    opts = {str(k): True if v is True else str(v) for k, v in opts.items()}
+    for text in args.slurm_opt or []:
+        key, eq, value = text.partition("=")
+        if not key.strip():
+            raise UsageError(f"--slurm-opt: expected KEY=VALUE or KEY, got {text!r}")
+        opts[key.strip()] = value.strip() if eq else True
+    if args.no_wait and kind == "serial":
+        raise UsageError("--no-wait needs --executor local or slurm")
+    return Settings(kind, shards, params, tuple(sorted(opts.items())), bool(args.no_wait))
+
+
+def check_available(settings: Settings) -> None:
+    """For slurm: the client commands are on PATH and the controller answers; else UsageError."""
+    if settings.kind != "slurm":
+        return
+    missing = [c for c in ("sbatch", "srun", "squeue", "scontrol") if shutil.which(c) is None]
+    if missing:
+        raise UsageError(f"--executor slurm: {', '.join(missing)} not on PATH "
+                         "(run it where Slurm's client commands are installed)")
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        ping = None
+    if ping is None or ping.returncode != 0 or " is UP" not in ping.stdout:
+        said = " ".join(((ping.stdout + ping.stderr) if ping else "no answer in 30 s").split())
+        raise UsageError(f"--executor slurm: no Slurm controller reachable (scontrol ping: {said})")
+
+
+# -- the job ---------------------------------------------------------------------------------
+def run_shard(folder: str, index: int, cases: list, executor: str) -> dict:
+    """Measure one shard's cases into shards/shard-<index>.csv; returns its counts by status.
+
+    Runs inside the submitit job. Cases already in its own file (an earlier attempt of the
+    same job, before a requeue) are not measured again.
+    """
+    from harness.measure import runner
+    from harness.cluster import shards
+    from harness.measure.store import environment, matmul_fp32_gflops, now
+
+    from harness.measure.worker import import_extra
+
+    import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
+    folder = Path(folder)
+    store = ShardStore(folder, csv_path=shards.shard_csv(folder, index))
+    store.stop_on_signals()
+    done = store.done_ids()  # also cuts a partial last line this shard's killed attempt left
+    threads = cases[0].threads if cases else 1
+    env = environment(threads)
+    record = {"shard": index, "executor": executor, "job_id": _job_id(),
+              "host": socket.gethostname(),
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+              "cases": len(cases), "started": now(), "ended": None, "counts": None,
+              "matmul_fp32_gflops": matmul_fp32_gflops(threads),
+              **{k: env[k] for k in ("cpu_model", "cpu_count", "threads", "cuda_devices",
+                                     "load_average_start")}}
+    shards.write_record(folder, index, record)
+    counts = runner.measure(cases, store, done, folder / shards.SHARDS / f"shard-{index}.log")
+    record.update(ended=now(), counts=dict(counts),
+                  load_average_end=[round(x, 2) for x in os.getloadavg()])
+    shards.write_record(folder, index, record)
+    return dict(counts)
+
+
+class _Stopped(Exception):
+    """The scheduler is ending this job (scancel, preemption, time limit): record no more."""
+
+
+class ShardStore(RunStore):
+    """A shard's file that takes no row once Slurm signals the end of the job.
+
+    scancel sends SIGTERM, a time limit or preemption SIGUSR2 (submitit's --signal), to
+    every process of the job: the worker processes too, and a worker killed so would be
+    recorded as an `error` row, i.e. a case lost. So the signal sets `stopping` (then
+    submitit's own handler runs: it ignores SIGTERM, requeues on SIGUSR2), and a row
+    telling of a dead worker waits a moment for that signal before it is written.
+    """
+    stopping = False
+
+    def stop_on_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR2):
+            previous = signal.getsignal(sig)
+
+            def handler(signum, frame, previous=previous):
+                self.stopping = True
+                if callable(previous):  # submitit's
+                    previous(signum, frame)
+                elif previous == signal.SIG_DFL:  # not in a submitit job: stop now
+                    raise _Stopped(f"signal {signum}")
+            signal.signal(sig, handler)
+
+    def append(self, row: dict) -> None:
+        if row.get("status") in ("error", "oom"):
+            time.sleep(1.0)  # the signal that killed the worker reaches us meanwhile
+        if self.stopping:
+            raise _Stopped(f"job ending: case {row['case_id']} left for a rerun")
+        super().append(row)
+
+
+def _job_id() -> str | None:
+    import submitit
+
+    try:
+        return submitit.JobEnvironment().job_id
+    except RuntimeError:  # not inside a submitit job (a direct call)
+        return None
+
+
+class ShardJob:
+    """One shard as a submitit callable, checkpointable the way submitit.helpers.Checkpointable
+    is (submitit requeues a callable that has a `checkpoint` method after a preemption or a
+    time limit); not its subclass, so that importing harness.cluster.executors does not import
+    submitit. The requeued job resumes from its own shard file."""
+
+    def __init__(self, folder: str, index: int, cases: list, executor: str):
+        self.args = (folder, index, cases, executor)
+
+    def __call__(self) -> dict:
+        return run_shard(*self.args)
+
+    def checkpoint(self, *args, **kwargs):
+        """submitit calls this on preemption/timeout: resubmit the same shard (it resumes)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+# -- submitting and watching -----------------------------------------------------------------
+def submit(settings: Settings, folder: Path, shards: list[list], first: int) -> list[dict]:
+    """Submit each shard as a job; returns one {"shard", "job_id", "executor", "cases"} each."""
+    import submitit
+
+    logs = folder / "submitit"
+    setup = [f"export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}"]  # this repo's harness
+    jobs, indices = [], list(range(first, first + len(shards)))
+    fns = [ShardJob(str(folder), i, cases, settings.kind) for i, cases in zip(indices, shards)]
+    if settings.kind == "slurm":
+        ex = submitit.AutoExecutor(folder=logs, cluster="slurm", slurm_max_num_timeout=3)
+        params = {"timeout_min": 60, **dict(settings.slurm)}
+        ex.update_parameters(name=f"attnbench-{folder.name}", slurm_setup=setup,
+                             slurm_additional_parameters=dict(settings.sbatch), **params)
+        jobs = ex.submit_array(fns)
+    else:
+        import torch
+
+        gpus = torch.cuda.device_count()  # one shard per GPU: CUDA_VISIBLE_DEVICES=<its GPU>
+        if 0 < gpus < len(fns):
+            print(f"warning: {len(fns)} shards on {gpus} GPU(s): some share a GPU, and their "
+                  "times distort each other", file=sys.stderr)
+        for k, fn in enumerate(fns):
+            ex = submitit.LocalExecutor(folder=logs)
+            # no limit unless asked (--slurm-time): a week
+            timeout = dict(settings.slurm).get("timeout_min", 7 * 24 * 60)
+            pin = {"gpus_per_node": 1, "visible_gpus": (k % gpus,)} if gpus else {}
+            ex.update_parameters(timeout_min=timeout, setup=setup, **pin)
+            jobs.append(ex.submit(fn))
+    return [{"shard": i, "job_id": str(j.job_id), "executor": settings.kind,
+             "cases": [c.case_id for c in cases]} for i, j, cases in zip(indices, jobs, shards)]
+
+
+def alive(jobs: list[dict]) -> set[str]:
+    """Job ids among `jobs` that are pending or running (Slurm: squeue; local: /proc)."""
+    out = set()
+    slurm = [j["job_id"] for j in jobs if j["executor"] == "slurm"]
+    if slurm:
+        if shutil.which("squeue") is None:
+            raise UsageError(f"this run has Slurm jobs ({', '.join(slurm[-3:])}, ...) and squeue "
+                             "is not on PATH: their states are unknown; run it where Slurm is")
+        r = subprocess.run(["squeue", "--me", "-h", "-r", "--states=all", "-o", "%i|%T"],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:  # unknown is not dead: never resubmit what may still run
+            raise UsageError(f"squeue failed, job states unknown: {' '.join(r.stderr.split())}")
+        states = dict(line.split("|", 1) for line in r.stdout.split() if "|" in line)
+        out |= {j for j in slurm if j in states and states[j] not in _ENDED}
+    for j in jobs:
+        if j["executor"] == "local" and _controller_alive(int(j["job_id"])):
+            out.add(j["job_id"])
+    return out
+
+
+def _controller_alive(pid: int) -> bool:
+    """The submitit local controller with this pid runs (not a zombie, not a reused pid)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z" and b"submitit" in cmdline

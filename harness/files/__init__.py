@@ -1,0 +1,13 @@
+"""What a run folder holds: file names, columns, and how rows and JSON are written.
+
+The bottom of harness: it imports nothing from harness, and every subsystem that writes or
+reads a run folder (measure, drift, cluster, report) takes the names and the writers from
+here, so a writer and the report never disagree about a column.
+"""
+
+from harness.files.columns import (EXACT_PATHS, META, MODEL_COLUMNS, MODEL_CSV, MODEL_META, RESULT_COLUMNS,
+                                   RESULTS)
+from harness.files.csvlog import CsvLog, now, write_json
+
+__all__ = ["EXACT_PATHS", "META", "MODEL_COLUMNS", "MODEL_CSV", "MODEL_META", "RESULT_COLUMNS", "RESULTS",
+           "CsvLog", "now", "write_json"]

@@ -1,0 +1,63 @@
+"""The dry-run's predicted cost of a case, in seconds: `plan` prints its sum, shards balance on it.
+
+Compute-bound, so a lower bound for variants far below their FLOP rate: 0.5 s of overhead,
+the float64 reference at a quarter of the measured fp32 matmul rate, and the workers'
+calls (memory: a warm-up and the probe; time: the error pass, a warm-up, then
+max(min_repeats, min_run_time / t + 1) timed) of t = flops / (0.25 * matmul rate), capped
+at the case's timeout. The rate is the fp32 matmul rate measured here for CPU cases and
+GPU_ASSUMED_GFLOPS for CUDA cases (estimated even where CUDA is absent: the plan of a GPU
+run made on a laptop or a login node). Variants that compile add COMPILE_ASSUMED_S (both
+workers) for each new (variant, device, dtype, pass). The memory guard's extrapolated
+refusals need measured peaks, so they are not known here.
+"""
+
+from __future__ import annotations
+
+from harness.measure.matrix import Case
+
+SKIPPED_S = 0.01  # a declared skip writes one row and measures nothing
+# No GPU is measured before a run: a dense matmul rate of a modern data-centre GPU
+# (H100/H200 class: TF32/bf16 tensor cores well above this; variants run below it), and the
+# seconds the first worker spends compiling a library kernel the first time it meets a
+# (variant, dtype, pass); the second worker finds inductor's on-disk cache and pays the
+# smaller figure. Both unmeasured on a GPU here.
+GPU_ASSUMED_GFLOPS = 100_000
+COMPILE_ASSUMED_S = (20.0, 5.0)
+
+
+def case_seconds(case: Case, flops: float, rate_flops_per_s: float,
+                 compile_s: float = 0.0) -> float:
+    """Predicted wall time of one measured case (flops: the case's analytic FLOPs)."""
+    rate = 0.25 * rate_flops_per_s
+    t = flops / rate
+    rows = min(case.seq_len, case.err_rows)
+    ref = 4 * case.batch * case.heads * rows * case.seq_len * case.head_dim / rate
+    calls = 4 + max(case.min_repeats, case.min_run_time_s / max(t, 1e-9) + 1)
+    return min(0.5 + ref + t * calls + compile_s, case.timeout_s)
+
+
+def plan_cases(cases: list[Case], cpu_rate_flops_per_s: float
+               ) -> list[tuple[Case, list[str], float]]:
+    """(case, declared skip reasons, predicted seconds) for each case, in order.
+
+    A missing CUDA device is not a skip here: the plan is of the run where it will go.
+    """
+    import variants
+    from harness.measure import runner
+
+    rates = {"cpu": cpu_rate_flops_per_s, "cuda": GPU_ASSUMED_GFLOPS * 1e9}
+    out, compiled = [], set()
+    for case in cases:
+        module = variants.build(case.variant, **case.param_dict)
+        why = [r for r in runner.skip_reasons(case, module) if r != runner.NO_CUDA]
+        if why:
+            out.append((case, why, SKIPPED_S))
+            continue
+        kernel = (case.variant, case.device, case.dtype, case.pass_)
+        compile_s = 0.0
+        if module.compiles and kernel not in compiled:
+            compiled.add(kernel)
+            compile_s = sum(COMPILE_ASSUMED_S)
+        flops = runner.case_row(case, module)["flops"]
+        out.append((case, why, case_seconds(case, flops, rates[case.device], compile_s)))
+    return out

@@ -1,0 +1,293 @@
+"""The benchmark matrix: a TOML table expanded by product into cases.
+
+A matrix file holds the keys below at top level (the defaults of every group) and
+optionally `[[groups]]` tables, each overriding some keys; each group is expanded by
+product and the union (first occurrence of each case id wins) is the run. Without
+`[[groups]]` the top level is the one group.
+
+    variants = "all"            # every registered variant not starting with "_",
+                                # or ["sdpa", "standard"], or {name = [{param = ...}, ...]}
+    params = {linformer = [{k = 64}, {k = 256}]}   # settings for names taken from "all"/a list
+    seq_lens = [512, 1024]      # ascending order is kept: the memory guard extrapolates
+    batch = 1                   # an int or a list, likewise heads, head_dim
+    heads = 4
+    head_dim = 64
+    dtypes = ["float32"]        # float32, float64, float16, bfloat16
+    devices = ["cpu"]           # cpu, cuda
+    inputs = ["gaussian"]       # harness.measure.inputs.DISTRIBUTIONS, "minilm", or a [captures.NAME]
+    passes = ["forward", "forward_backward"]
+    causal = [false]
+    seed = 0                    # inputs and variant state
+    min_run_time_s = 0.2        # torch.utils.benchmark blocked_autorange budget per case
+    min_repeats = 5             # at least this many timed measurements
+    timeout_s = 120             # per case, wall clock, worker killed after it
+    threads = 0                 # torch.set_num_threads in the worker; 0: all cores
+    err_rows = 1024             # error on a seeded sample of this many query rows when N is larger
+    mem_limit_mib = 0           # worker address-space cap above its baseline; 0: MemAvailable * 0.9
+
+    [captures.NAME]             # a captured input of your own (harness.models.capture): a local
+    model = "PATH"              # Hugging Face model directory and a UTF-8 text file;
+    text = "PATH"               # then inputs = ["NAME"]
+
+A captured input's case records the model's real shape: batch = layers x the group's
+`batch` (token windows), heads and head_dim the model's; a causal model's cases are causal.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
+
+import variants
+from harness.models import capture
+from harness.errors import UsageError
+from harness.measure.inputs import DISTRIBUTIONS
+
+PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+DEVICES = ("cpu", "cuda")
+PASSES = ("forward", "forward_backward")
+
+# key -> (default, kind); kind "list" keys accept a scalar and become one-element lists.
+_KEYS: dict[str, tuple[object, str]] = {
+    "variants": ("all", "variants"), "params": ({}, "params"),
+    "seq_lens": ([1024], "list:int"), "batch": ([1], "list:int"), "heads": ([4], "list:int"),
+    "head_dim": ([64], "list:int"), "dtypes": (["float32"], "list:str"),
+    "devices": (["cpu"], "list:str"), "inputs": (["gaussian"], "list:str"),
+    "passes": (["forward"], "list:str"), "causal": ([False], "list:bool"),
+    "seed": (0, "int"), "min_run_time_s": (0.2, "float"), "min_repeats": (5, "int"),
+    "timeout_s": (120.0, "float"), "threads": (0, "int"), "err_rows": (1024, "int"),
+    "mem_limit_mib": (0, "int"),
+}
+_ALLOWED = {"dtypes": DTYPES, "devices": DEVICES, "inputs": DISTRIBUTIONS, "passes": PASSES}
+# Keys that make a case: its id is the hash of these. Run settings (time budget, threads,
+# limits) are not in it, so runs on different machines compare case by case.
+KEY_FIELDS = ("variant", "params", "device", "dtype", "batch", "heads", "head_dim",
+              "seq_len", "causal", "pass_", "input", "seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    variant: str
+    params: str  # JSON, sorted keys, every parameter with its default filled in
+    device: str
+    dtype: str
+    batch: int
+    heads: int
+    head_dim: int
+    seq_len: int
+    causal: bool
+    pass_: str
+    input: str
+    seed: int
+    min_run_time_s: float
+    min_repeats: int
+    timeout_s: float
+    threads: int
+    err_rows: int
+    mem_limit_mib: int
+    capture: str = ""  # a declared captured input: JSON {"model", "text"} paths (harness.models.capture)
+
+    @property
+    def case_id(self) -> str:
+        key = {f: getattr(self, f) for f in KEY_FIELDS}
+        if self.capture:  # a user's source is its paths, not only its name
+            key["capture"] = self.capture
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def param_dict(self) -> dict:
+        return json.loads(self.params)
+
+    @property
+    def backward(self) -> bool:
+        return self.pass_ == "forward_backward"
+
+    def series(self) -> tuple:
+        """Cases that differ only in seq_len (and input, seed): the memory guard's unit."""
+        return (self.variant, self.params, self.device, self.dtype, self.batch, self.heads,
+                self.head_dim, self.causal, self.pass_)
+
+    def label(self) -> str:
+        p = ",".join(f"{k}={v}" for k, v in self.param_dict.items())
+        return (f"{self.variant}({p}) N={self.seq_len} {self.pass_} {self.input} "
+                f"{self.dtype} {self.device}{' causal' if self.causal else ''}")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def read_toml(source: str) -> dict:
+    """The raw table of a preset name (quick, cpu, gpu) or of a .toml path."""
+    path = Path(source)
+    if not path.suffix and not path.exists():
+        path = PRESET_DIR / f"{source}.toml"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.toml")))
+            raise UsageError(f"unknown preset {source!r}; presets: {known}, or a .toml file")
+    if not path.is_file():
+        raise UsageError(f"matrix file {str(path)!r} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"malformed TOML in {path}: {e}") from None
+
+
+def normalise(raw: dict, overrides: dict | None = None) -> dict:
+    """Check every key of a raw matrix; return {"groups": [full group, ...]}.
+
+    All problems are collected and raised together as one UsageError ("; "-joined).
+    `overrides` (from the CLI) replace keys in every group; "variants" there narrows.
+    """
+    errors: list[str] = []
+    raw = copy.deepcopy(raw)
+    captures = capture.parse_sources(raw.pop("captures", None), DISTRIBUTIONS, errors)
+    inputs = DISTRIBUTIONS + tuple(capture.BUILTIN) + tuple(captures)
+    groups_raw = raw.pop("groups", None)
+    if groups_raw is not None and not (isinstance(groups_raw, list)
+                                       and all(isinstance(g, dict) for g in groups_raw)):
+        errors.append("'groups' must be an array of tables ([[groups]])")
+        groups_raw = None
+    base = _check_group(raw, "top level", errors, inputs)
+    groups = []
+    for i, g in enumerate(groups_raw or [{}]):
+        if "groups" in g:
+            errors.append(f"groups[{i}]: groups do not nest")
+        merged = {**base, **_check_group(g, f"groups[{i}]", errors, inputs)}
+        groups.append(merged)
+    overrides = dict(overrides or {})
+    narrow = overrides.pop("variants", None)
+    ov = _check_group(overrides, "command line", errors, inputs)
+    full = []
+    for i, g in enumerate(groups):
+        g = {**{k: d for k, (d, _) in _KEYS.items()}, **g, **ov}
+        g["variants"] = _resolve_variants(g["variants"], g["params"], f"groups[{i}]", errors)
+        full.append(g)
+    if narrow is not None:
+        wanted = [n.strip() for n in narrow if n.strip()]
+        present = {n for g in full for n in g["variants"]}
+        for n in wanted:
+            if n not in variants.names(private=True):
+                errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
+            elif n not in present:
+                errors.append(f"variant {n!r} is not in this matrix")
+        for g in full:
+            g["variants"] = {n: s for n, s in g["variants"].items() if n in wanted}
+    if errors:  # top-level keys are checked once per group: report each problem once
+        raise UsageError("; ".join(dict.fromkeys(errors)))
+    for g in full:
+        g.pop("params")
+    return {"groups": full, **({"captures": captures} if captures else {})}
+
+
+def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTIONS) -> dict:
+    out = {}
+    for key, value in table.items():
+        if key not in _KEYS:
+            errors.append(f"{where}: unknown key {key!r}; allowed: {', '.join(_KEYS)}, groups")
+            continue
+        kind = _KEYS[key][1]
+        if kind.startswith("list:"):
+            value = value if isinstance(value, list) else [value]
+            typ = {"int": int, "str": str, "bool": bool}[kind[5:]]
+            bad = [v for v in value if not isinstance(v, typ) or (typ is int and isinstance(v, bool))]
+            if bad or not value:
+                errors.append(f"{where}: {key!r} must be a non-empty list of {kind[5:]}, got {value!r}")
+                continue
+            allowed = inputs if key == "inputs" else _ALLOWED.get(key)
+            wrong = [v for v in value if allowed is not None and v not in allowed]
+            if wrong:
+                errors.append(f"{where}: {key}: unknown {', '.join(map(repr, wrong))}; "
+                              f"allowed: {', '.join(allowed)}")
+                continue
+            if typ is int and any(v < 1 for v in value):
+                errors.append(f"{where}: {key!r} must be positive, got {value!r}")
+                continue
+        elif kind in ("int", "float"):
+            ok = isinstance(value, (int, float) if kind == "float" else int) and not isinstance(value, bool)
+            if not ok or value < 0:
+                errors.append(f"{where}: {key!r} must be a non-negative {kind}, got {value!r}")
+                continue
+        elif kind == "params" and not isinstance(value, dict):
+            errors.append(f"{where}: 'params' must be a table name -> list of settings")
+            continue
+        out[key] = value
+    return out
+
+
+def _resolve_variants(spec, params: dict, where: str, errors: list[str]) -> dict:
+    """{name: [full param JSON, ...]} from "all", a list of names, or a table."""
+    registered = variants.names(private=True)
+    if spec == "all":
+        table = {n: None for n in variants.names()}
+    elif isinstance(spec, list) and all(isinstance(n, str) for n in spec):
+        table = {n: None for n in spec}
+    elif isinstance(spec, dict):
+        table = dict(spec)
+    else:
+        errors.append(f"{where}: 'variants' must be \"all\", a list of names or a table, got {spec!r}")
+        return {}
+    for n in params:
+        if n not in registered:
+            errors.append(f"{where}: params: unknown variant {n!r}; registered: {', '.join(registered)}")
+    out = {}
+    for name, settings in table.items():
+        if name not in registered:
+            errors.append(f"{where}: unknown variant {name!r}; registered: {', '.join(registered)}")
+            continue
+        settings = params.get(name, [{}]) if settings is None else settings
+        if isinstance(settings, dict):
+            settings = [settings]
+        if not (isinstance(settings, list) and all(isinstance(s, dict) for s in settings)):
+            errors.append(f"{where}: {name}: settings must be a list of tables, got {settings!r}")
+            continue
+        resolved = []
+        for s in settings:
+            try:
+                full = dataclasses.asdict(variants.make_params(name, **s))
+            except ValueError as e:
+                errors.append(str(e))
+                continue
+            resolved.append(json.dumps(full, sort_keys=True))
+        out[name] = list(dict.fromkeys(resolved))
+    return out
+
+
+def expand(matrix: dict) -> list[Case]:
+    """Every case of a normalised matrix, seq_len innermost and ascending, deduplicated."""
+    cases: dict[str, Case] = {}
+    captures = matrix.get("captures", {})
+    for g in matrix["groups"]:
+        settings = [(n, p) for n, ps in g["variants"].items() for p in ps]
+        axes = (settings, g["devices"], g["dtypes"], g["batch"], g["heads"], g["head_dim"],
+                g["causal"], g["passes"], g["inputs"], sorted(g["seq_lens"]))
+        for (name, params), device, dtype, B, H, D, causal, pass_, dist, N in itertools.product(*axes):
+            src = ""
+            if dist not in DISTRIBUTIONS:  # captured: the model fixes the shape (harness.models.capture)
+                info = capture.model_info(capture.source_of(dist, captures)["model"])
+                B, H, D, causal = info.layers * B, info.heads, info.head_dim, causal or info.causal
+                src = json.dumps(captures[dist], sort_keys=True) if dist in captures else ""
+            c = Case(name, params, device, dtype, B, H, D, N, causal, pass_, dist, g["seed"],
+                     float(g["min_run_time_s"]), g["min_repeats"], float(g["timeout_s"]),
+                     g["threads"] or os.cpu_count() or 1, g["err_rows"], g["mem_limit_mib"], src)
+            cases.setdefault(c.case_id, c)
+    return list(cases.values())
+
+
+def load(source: str, overrides: dict | None = None) -> tuple[dict, list[Case]]:
+    """Read, check and expand a preset or TOML file: (normalised matrix, cases)."""
+    raw = read_toml(source)
+    raw.pop("executor", None)  # how to run it (harness.cluster.executors), not part of what is run
+    matrix = normalise(raw, overrides)
+    return matrix, expand(matrix)

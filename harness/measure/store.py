@@ -1,0 +1,120 @@
+"""A run's folder: results.csv (appended and fsynced row by row) and meta.json.
+
+Resume rule: a folder is resumed only when its meta.json holds the same normalised matrix;
+every case id already in results.csv (whatever its status) counts as done and is skipped.
+A partial last line (a run killed while writing) is cut off before appending.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.files import META, RESULTS, CsvLog, now, write_json  # noqa: F401 (re-exported)
+from harness.files import RESULT_COLUMNS as COLUMNS
+
+
+class RunStore:
+    def __init__(self, folder: Path, csv_path: Path | None = None):
+        self.folder = Path(folder)
+        # a shard of a sharded run appends to its own file (harness.cluster.shards)
+        self.csv_path = Path(csv_path) if csv_path is not None else self.folder / RESULTS
+        self.meta_path = self.folder / META
+
+    # -- checks before anything is written ---------------------------------------------
+    def check(self, matrix: dict) -> bool:
+        """Raise UsageError unless the folder is absent, empty, or a run of this matrix.
+
+        Returns True when it is an existing run to resume.
+        """
+        if not self.folder.exists():
+            return False
+        if not self.folder.is_dir():
+            raise UsageError(f"{self.folder} exists and is not a folder")
+        if not any(self.folder.iterdir()):
+            return False
+        if not self.meta_path.is_file():
+            raise UsageError(f"{self.folder} exists and is not an attnbench run (no {META}); "
+                             "choose another --run-id or --results-dir")
+        try:
+            old = json.loads(self.meta_path.read_text())
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{self.meta_path} is not valid JSON ({e}); not resuming") from None
+        if old.get("matrix") != matrix:
+            raise UsageError(f"{self.folder} holds a run of a different matrix; resuming needs the "
+                             "same preset/config and flags (or choose another --run-id)")
+        if self.csv_path.exists():
+            with self.csv_path.open(newline="") as f:
+                header = next(csv.reader(f), None)
+            if header is not None and header != COLUMNS:
+                raise UsageError(f"{self.csv_path} has other columns than this version writes")
+        return True
+
+    # -- results -------------------------------------------------------------------------
+    def done_ids(self) -> set[str]:
+        """Case ids already in results.csv, after cutting off a partial last line."""
+        return {r["case_id"] for r in CsvLog(self.csv_path, COLUMNS).rows(cut=True)}
+
+    def open(self) -> None:
+        self._log = CsvLog(self.csv_path, COLUMNS)
+        self._log.open()
+
+    def append(self, row: dict) -> None:
+        self._log.append(row)
+
+    def close(self) -> None:
+        self._log.close()
+
+    # -- meta ------------------------------------------------------------------------------
+    def read_meta(self) -> dict:
+        return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
+
+    def write_meta(self, meta: dict) -> None:
+        write_json(self.meta_path, meta)
+
+
+def environment(threads: int) -> dict:
+    """The facts meta.json keeps beside the results: versions, devices, CPU, commit, speed."""
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    import torch
+
+    try:
+        xformers = metadata.version("xformers")
+    except metadata.PackageNotFoundError:
+        xformers = None
+    cpu_model = None
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    repo = Path(__file__).resolve().parents[2]
+    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                           capture_output=True, text=True)
+    cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "xformers": xformers, "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
+            "threads": threads, "cuda_devices": cuda,
+            # Other work on the cores distorts times (OpenMP threads wait on each other):
+            # the 1, 5, 15-minute load averages as the run starts.
+            "load_average_start": [round(x, 2) for x in os.getloadavg()],
+            "git_commit": git.stdout.strip() or None,
+            "git_dirty": bool(dirty.stdout.strip()) if git.returncode == 0 else None}
+
+
+def matmul_fp32_gflops(threads: int, n: int = 2048) -> float:
+    """This machine's fp32 matmul rate: 2 n^3 / median time of an n x n matmul, on CPU."""
+    import torch
+    from harness.measure.timing import time_call
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    t = time_call(lambda: a @ b, min_run_time=0.5, min_repeats=5, warmup=2)
+    return 2 * n**3 / (t.time_ms * 1e6)

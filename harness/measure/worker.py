@@ -1,0 +1,193 @@
+"""The per-case worker: `python -m harness.measure.worker` reads (case, part) requests (JSON lines)
+on stdin and writes one result (a JSON line) per request on stdout.
+
+A case is measured in two parts, each in its own long-lived worker process:
+- `memory`: the peak memory of one call, in a worker whose environment has
+  harness.measure.memory.MALLOC_ENV (freed memory goes back to the kernel, so VmHWM is right);
+- `time`: the error of the forward output against float64 exact attention and the median
+  time, in a worker with glibc's default malloc. The memory settings make every small
+  temporary a fresh mmap and page faults then dominate chunked code (measured here:
+  block_sparse forward at N=8192, H=8 took 873 ms with them and 435 ms without).
+Each part caps the worker's address space during the case, so a runaway allocation is an
+`oom` result, not a swapped machine. Anything else a case raises is an `error` result with
+its message.
+
+ATTNBENCH_EXTRA_MODULES (os.pathsep-separated module names or .py paths) names modules to
+import before the first case: variants registered outside the `variants` package (tests).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+import variants
+from harness.measure import accuracy
+from harness.models import capture
+from harness.measure import memory
+from harness.measure import timing
+from harness.measure.inputs import DISTRIBUTIONS, make_inputs
+from harness.measure.matrix import Case
+
+EXTRA_ENV = "ATTNBENCH_EXTRA_MODULES"
+# Marks result lines, so that anything else written to stdout before it was redirected
+# (an import-time print) cannot be mistaken for a result.
+RESULT_PREFIX = "ATTNBENCH-RESULT "
+
+
+def import_extra(spec: str | None = None) -> None:
+    """Import the modules of ATTNBENCH_EXTRA_MODULES (or `spec`) once per process."""
+    spec = os.environ.get(EXTRA_ENV, "") if spec is None else spec
+    for item in filter(None, spec.split(os.pathsep)):
+        if item.endswith(".py"):
+            name = "_attnbench_extra_" + Path(item).stem
+            if name in sys.modules:
+                continue
+            mod_spec = importlib.util.spec_from_file_location(name, item)
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            importlib.import_module(item)
+
+
+def _result(status: str, reason: str = "", **fields) -> dict:
+    return {"status": status, "reason": reason, **fields}
+
+
+PARTS = ("memory", "time")
+
+
+def run_case(case: Case, part: str) -> dict:
+    """Measure one part of a case; returns result fields (status, reason, time_ms, ...)."""
+    torch.set_num_threads(case.threads)
+    device = torch.device(case.device)
+    dtype = getattr(torch, case.dtype)
+    common = {"threads": torch.get_num_threads()}
+    try:
+        module = variants.build(case.variant, **case.param_dict).to(device)
+        if case.input in DISTRIBUTIONS:
+            q, k, v = make_inputs(case.input, case.batch, case.heads, case.seq_len,
+                                  case.head_dim, dtype=dtype, device=device, seed=case.seed)
+        else:  # captured q, k, v, (layers x windows, H, N, D) from harness.models.capture's cache
+            q, k, v = capture.load_inputs(case, dtype, device)
+        if device.type == "cpu":
+            memory.cap_address_space(case.mem_limit_mib)
+        try:
+            measure = _measure_memory if part == "memory" else _measure_time
+            return {**common, **measure(case, module, q, k, v, device)}
+        finally:
+            if device.type == "cpu":
+                memory.lift_address_space_cap()
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        return _result("oom", _describe(e), **common)
+    except RuntimeError as e:
+        if memory.is_oom_message(str(e)):
+            return _result("oom", _describe(e), **common)
+        return _result("error", _describe(e), **common)
+    except Exception as e:  # a variant's own failure is a result row, with its message
+        return _result("error", _describe(e), **common)
+
+
+def _prepare(case: Case, module, q, k, v, device) -> float | None:
+    """The variant's one-time preparation (a library kernel's compile), in ms; None if none.
+
+    Synchronised on CUDA so the kernels it launched are inside the measurement.
+    """
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    did = module.prepare(q, k, v, case.causal, backward=case.backward)
+    sync()
+    return (time.perf_counter() - start) * 1e3 if did else None
+
+
+def _measure_memory(case: Case, module, q, k, v, device) -> dict:
+    _prepare(case, module, q, k, v, device)  # its memory is not the call's peak
+    fn = _prepared(case, module, q, k, v)
+    fn()  # warm-up: one-time state (features, layouts, caches) is not the call's peak
+    if case.backward:
+        q.grad = k.grad = v.grad = None  # freed before the probe's baseline
+    return _result("ok", "", peak_mem_mib=memory.peak_mib(fn, device))
+
+
+def _measure_time(case: Case, module, q, k, v, device) -> dict:
+    compile_ms = _prepare(case, module, q, k, v, device)  # before any call: never in time_ms
+    # The forward output once, outside any timed region: finiteness and error.
+    with torch.no_grad():
+        o = module(q, k, v, causal=case.causal)
+    if not bool(torch.isfinite(o).all()):
+        return _result("nonfinite", "forward output has NaN or Inf")
+    err = accuracy.error(o, q, k, v, case.causal, max_rows=case.err_rows, seed=case.seed,
+                         layers=capture.layers_of(case))
+    errors = {"rel_err": err.rel_err, "max_abs_err": err.max_abs_err, "err_rows": err.err_rows,
+              "row_cos": err.row_cos}
+    if err.layer_rel_err is not None:
+        errors["layer_rel_err"] = json.dumps([float(f"{x:.4g}") for x in err.layer_rel_err])
+    if compile_ms is not None:  # travels with the error fields into every later result
+        errors["compile_ms"] = compile_ms
+    del o
+    fn = _prepared(case, module, q, k, v)
+    start = time.perf_counter()
+    fn()  # warm-up (the error pass warmed up the forward only); its gradients are checked
+    call_s = time.perf_counter() - start
+    if case.backward and not all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)):
+        return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
+    t = timing.time_call(fn, min_run_time=case.min_run_time_s, min_repeats=case.min_repeats,
+                         warmup=0, call_s=call_s, device=device)
+    return _result("ok", "", time_ms=t.time_ms, time_ms_iqr=t.time_ms_iqr, repeats=t.repeats,
+                   **errors)
+
+
+def _prepared(case: Case, module, q, k, v):
+    """The call a case measures: forward, or forward then backward into q, k, v."""
+    if not case.backward:
+        return timing.forward_fn(module, q, k, v, case.causal)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    return timing.forward_backward_fn(module, q, k, v, case.causal)
+
+
+def _describe(e: BaseException) -> str:
+    """'Type: first line of the message (at file:line of the innermost frame)'."""
+    msg = str(e).strip().splitlines()
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(e).__name__}: {msg[0][:400] if msg else ''}{where}"
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when the runner dies (prctl PR_SET_PDEATHSIG)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return  # not glibc Linux: the worker still exits at EOF on stdin
+    libc.prctl(1, signal.SIGKILL)
+
+
+def main() -> None:
+    _die_with_parent()
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # library prints go to stderr; stdout carries results only
+    import_extra()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        result = run_case(Case(**request["case"]), request["part"])
+        proto.write(RESULT_PREFIX + json.dumps(result) + "\n")
+        proto.flush()
+
+
+if __name__ == "__main__":
+    main()

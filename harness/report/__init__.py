@@ -1,0 +1,17 @@
+"""The report: reads run folders (results.csv, model.csv, meta.json) and writes
+report.md, report.html and plots/; compares two runs. It never measures.
+
+    folder.py          loading a run folder, labels, the case key
+    analysis.py        Pareto fronts, crossovers, log-log slopes, change classes
+    tables.py          the report's tables (answers, ratios, slopes, GFLOP/s, ...)
+    captured.py        the view of captured (real-model) inputs
+    implementations.py library kernels beside ours
+    model.py           the "Model drift" section (model.csv)
+    provenance.py      where a sharded run's cases ran (meta.json's shard records)
+    plots.py           the PNG plots
+    build.py           the report itself (`write_report`) and its sections
+    compare.py         two runs side by side (`compare_runs`)
+
+Imports only harness.files (names and columns): whatever it needs of a run is in the files
+it reads. Imported by harness.cli.
+"""

@@ -1,0 +1,276 @@
+"""The report of a run folder: report.md, a self-contained report.html and plots/*.png.
+
+Reads results.csv and meta.json only (DESIGN.md "Results: files and columns"); the document
+is built once as a list of blocks, then rendered to Markdown (DataFrame.to_markdown) and to
+HTML (DataFrame.to_html, plots inlined as base64 PNG).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from harness.report import plots
+from harness.report import captured as RC
+from harness.report import model as report_model
+from harness.report import tables as T
+from harness.report import provenance
+from harness.report.implementations import implementations_blocks
+from harness.report.folder import SETTING, load_run, short_labels
+
+SECTIONS = ("Answers", "Error per layer on captured inputs", "Empirical complexity",
+            "Crossover lengths", "Implementations", "Time, memory and error by length",
+            "Scaling plots", "Pareto front: error against time", "Achieved GFLOP/s",
+            "Cases not measured", "Variant settings", "Environment")
+
+
+def _varying(df: pd.DataFrame) -> list[str]:
+    """The setting columns that take more than one value in this run (pass, input always)."""
+    return [c for c in SETTING if c in ("pass", "input") or df[c].nunique() > 1]
+
+
+def _with_lines(df: pd.DataFrame) -> pd.DataFrame:
+    """Add `line`: the label, plus the setting columns the plot facets do not separate."""
+    extra = [c for c in _varying(df) if c not in ("pass", "input")]
+    suffix = [" ".join(("causal" if r["causal"] else "non-causal") if c == "causal" else str(r[c])
+                       for c in extra) for _, r in df[extra].iterrows()] if extra else [""] * len(df)
+    return df.assign(line=[f"{lb} [{s}]" if s else lb for lb, s in zip(df["label"], suffix)])
+
+
+def _primary(df: pd.DataFrame) -> pd.DataFrame:
+    """One shape/pass slice for the Pareto and GFLOP/s views: forward, non-causal, most rows."""
+    ok = T.ok_rows(df)
+    if ok.empty:
+        return ok
+    if (ok["pass"] == "forward").any():
+        ok = ok[ok["pass"] == "forward"]
+    if (~ok["causal"]).any():
+        ok = ok[~ok["causal"]]
+    shape = ["device", "dtype", "batch", "heads", "head_dim"]
+    top = ok.groupby(shape).size().idxmax()
+    return ok[(ok[shape] == pd.Series(top, index=shape)).all(axis=1)]
+
+
+def _pareto_lengths(view: pd.DataFrame) -> list[int]:
+    lengths = sorted(set(view["seq_len"].astype(int)))
+    wanted = [lengths[-1]] + [n for n in (16384, 4096) if n in lengths]
+    return sorted(set(wanted))
+
+
+def _answers(df, view, blocks):
+    column, text = T.criterion(df)
+    captured = RC.captured_inputs(df)
+    blocks += [("h", 2, "Answers"),
+               ("p", f"Fastest variant with {text} (against float64 exact attention), per "
+                     "setting, at the largest length every variant was run at, and at "
+                     "N = 16384 and 4096 when measured"
+                     + (f"; real attention ({', '.join(captured)}: q, k, v captured from a "
+                        "pretrained model's layers) first, synthetic inputs after." if captured
+                        else ".")
+                     + (" Beside it, the approximate variant closest to exact attention." if
+                        column == "row_cos" else "")),
+               ("table", T.fastest_accurate(df, _varying(df)))]
+    if column == "row_cos":
+        blocks.append(("p", RC.WHY_CRITERION))
+    if view.empty:
+        return
+    first = view.iloc[0]
+    summary = T.slope_table(df)
+    setting_rows = df[df["setting"] == first["setting"]]
+    cross = T.crossover_table(setting_rows)
+    if not cross.empty and not summary.empty:
+        summary = summary.merge(cross, on="variant", how="left").fillna("–")
+    blocks += [("p", "Each variant: its empirical complexity (log-log slope k of time and of "
+                     "peak memory against N, median over input distributions) and the length "
+                     f"from which it beats the exact paths (setting: {first['setting']})."),
+               ("table", summary)]
+
+
+def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
+    """The report as blocks: ("h", level, text), ("p", text), ("table", df), ("img", path, alt),
+    ("code", text). Writes the plots into run_dir/plots as it goes."""
+    df = RC.captured_first(df)
+    labels = short_labels(zip(df["variant"], df["params"]))  # only what varies, per variant
+    df["label"] = [labels[(v, p)] for v, p in zip(df["variant"], df["params"])]
+    captured = df["input"].isin(RC.captured_inputs(df))
+    views = [v for v in (_with_lines(_primary(df[captured])), _with_lines(_primary(df[~captured])))
+             if not v.empty]
+    view = views[0] if views else _with_lines(_primary(df))
+    counts = df["status"].value_counts()
+    blocks: list[tuple] = [
+        ("h", 1, f"attnbench report: {run_dir.name}"),
+        ("p", f"{len(df)} cases, {df['label'].nunique()} variant configurations, lengths "
+              f"{', '.join(str(n) for n in sorted(df['seq_len'].unique()))}. Status: "
+              + ", ".join(f"{s} {n}" for s, n in counts.items()) + ". Times are medians (ms), "
+              "memory is the peak above the inputs (MiB), error is ||o - o_ref||_F / ||o_ref||_F "
+              "(rel_err) and row_cos the mean cosine of o's rows to o_ref's.")]
+    _answers(df, view, blocks)
+
+    tables = RC.layer_tables(df)
+    blocks += [("h", 2, "Error per layer on captured inputs"),
+               ("p", "rel_err of each variant on each model layer's own q, k, v (layers "
+                     "differ: attention sharpens or spreads with depth), then over all "
+                     "layers, and the mean row cosine." if tables else
+                     "No captured inputs in this run (inputs = [\"minilm\"] adds them).")]
+    for title, table in tables:
+        blocks += [("h", 3, title), ("table", table)]
+
+    blocks += [("h", 2, "Empirical complexity"),
+               ("p", "Least-squares slope k of log(metric) against log(N) over each variant's "
+                     "ok lengths (time ~ N^k); median over input distributions."),
+               ("table", T.slope_table(df))]
+
+    blocks += [("h", 2, "Crossover lengths"),
+               ("p", "Smallest N from which the variant stays faster (lighter) than each exact "
+                     "path, interpolated in log-log space between measured lengths. "
+                     "\"always\": at every measured length; \"beyond range (> N)\": not yet at "
+                     "the largest measured length.")]
+    for setting, g in df.groupby("setting", sort=False):
+        table = T.crossover_table(g)
+        if not table.empty:
+            blocks += [("h", 3, setting), ("table", table)]
+
+    blocks += implementations_blocks(df)
+
+    blocks += [("h", 2, "Time, memory and error by length"),
+               ("p", "Cells hold the median where the case ran, else its status. Ratio tables "
+                     "hold the value over sdpa's / over standard's in the same setting.")]
+    for setting, g in df.groupby("setting", sort=False):
+        blocks += [("h", 3, setting),
+                   ("p", "time_ms"), ("table", T.metric_pivot(g, "time_ms")),
+                   ("p", "time ratio"), ("table", T.ratio_pivot(g, "time_ms")),
+                   ("p", "peak_mem_mib"), ("table", T.metric_pivot(g, "peak_mem_mib")),
+                   ("p", "memory ratio"), ("table", T.ratio_pivot(g, "peak_mem_mib")),
+                   ("p", "rel_err"), ("table", T.metric_pivot(g, "rel_err", T.fmt_err))]
+        if "row_cos" in g.columns and g["row_cos"].notna().any():
+            blocks += [("p", "row_cos"),
+                       ("table", T.metric_pivot(g, "row_cos", lambda x: f"{x:.4f}"))]
+
+    ok = _with_lines(T.ok_rows(df))
+    blocks.append(("h", 2, "Scaling plots"))
+    if not ok.empty:
+        pdir = run_dir / "plots"
+        for metric, ylabel, band, name in (
+                ("time_ms", "time (ms), band: IQR", "time_ms_iqr", "time"),
+                ("peak_mem_mib", "peak memory (MiB)", None, "memory"),
+                ("rel_err", "relative error", None, "error")):
+            path = plots.scaling_plot(ok, metric, ylabel, pdir / f"{name}_vs_length.png", band)
+            blocks.append(("img", path, f"{name} against sequence length"))
+
+    blocks.append(("h", 2, "Pareto front: error against time"))
+    for v in views:  # captured inputs first
+        lengths = _pareto_lengths(v)
+        kind = "captured" if v["input"].isin(RC.captured_inputs(df)).all() else "synthetic"
+        name = "pareto_captured.png" if kind == "captured" else "pareto.png"
+        errv, err, ylabel = T.error_axis(v)
+        path = plots.pareto_plot(errv, lengths, run_dir / "plots" / name, err, ylabel)
+        blocks += [("h", 3, f"{kind} inputs"),
+                   ("p", f"Setting: {v.iloc[0]['setting'].split(' · ', 1)[0]} · "
+                         f"{v.iloc[0]['setting'].rsplit(' · ', 1)[1]}, non-causal where "
+                         "measured. The front: no other variant is both faster and more "
+                         "accurate."), ("img", path, f"error against time, {kind} inputs")]
+        for n in lengths:
+            blocks += [("h", 4, f"N = {n}"), ("table", T.pareto_table(v, n))]
+
+    rate = meta.get("matmul_fp32_gflops")
+    blocks += [("h", 2, "Achieved GFLOP/s"),
+               ("p", "Analytic FLOPs over the median time, best over lengths; the machine's "
+                     "measured fp32 matmul rate is "
+                     + (f"{rate:.0f} GFLOP/s." if rate else "not recorded in meta.json.")),
+               ("table", T.gflops_table(df, rate))]
+    if not view.empty:
+        blocks.append(("img", plots.gflops_plot(ok, rate, run_dir / "plots" / "gflops.png"),
+                       "achieved GFLOP/s"))
+
+    status = T.status_table(df)
+    blocks += [("h", 2, "Cases not measured"),
+               ("p", "Every skipped, oom, timeout, error and nonfinite case, with its reason."
+                     if not status.empty else "None: every case ran."), ("table", status)]
+
+    blocks += [("h", 2, "Variant settings"),
+               ("p", "Labels name only the parameters that tell a variant's settings in this "
+                     "run apart; here is each one in full."), ("table", RC.settings_table(df))]
+
+    env = {k: v for k, v in meta.items() if k not in ("matrix", "shards")}
+    blocks += [("h", 2, "Environment")]
+    # a sharded run (meta.json's shard records): where its cases ran, and warnings about it
+    blocks += [("p", note) for note in provenance.environment_notes(meta, set(df["device"]))]
+    if meta.get("shards"):
+        blocks.append(("table", pd.DataFrame(provenance.shard_rows(meta["shards"]))))
+    blocks += [("table", pd.DataFrame({"key": list(env), "value": [
+                   json.dumps(v) if isinstance(v, (dict, list)) else str(v) for v in env.values()]})),
+               ("p", "The matrix as run:"), ("code", json.dumps(meta.get("matrix"), indent=1))]
+    return blocks
+
+
+def to_markdown(blocks: list[tuple], run_dir: Path) -> str:
+    out = []
+    for b in blocks:
+        if b[0] == "h":
+            out.append(f"{'#' * b[1]} {b[2]}")
+        elif b[0] == "p":
+            out.append(b[1])
+        elif b[0] == "table" and not b[1].empty:
+            out.append(b[1].fillna("–").to_markdown(index=False, disable_numparse=True))
+        elif b[0] == "img":
+            out.append(f"![{b[2]}]({b[1].relative_to(run_dir).as_posix()})")
+        elif b[0] == "code":
+            out.append(f"```json\n{b[1]}\n```")
+    return "\n\n".join(out) + "\n"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d1d1f;
+  max-width:1400px;margin:2em auto;padding:0 1.5em;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em}
+h2{font-size:1.3em;margin-top:2em;padding-bottom:.2em;border-bottom:2px solid #d0d7de}
+h3{font-size:1.05em;margin-top:1.4em;color:#333}h4{font-size:.95em;margin:1em 0 .3em;color:#555}
+p{max-width:110ch}
+table{border-collapse:collapse;font-size:13px;margin:.6em 0 1.2em;
+  font-variant-numeric:tabular-nums;box-shadow:0 1px 2px rgba(0,0,0,.06)}
+th{background:#f1f3f5;font-weight:600;text-align:right;position:sticky;top:0}
+td,th{border:1px solid #d8dee4;padding:4px 9px;text-align:right;white-space:nowrap}
+td:first-child,th:first-child{text-align:left}
+tbody tr:nth-child(even){background:#fafbfc}tbody tr:hover{background:#eef6ff}
+img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+pre{background:#f6f8fa;padding:1em;overflow:auto;font-size:12px}
+summary{cursor:pointer;color:#0969da}
+""".replace("\n", "")
+
+
+def to_html(blocks: list[tuple], title: str) -> str:
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+           f"</title><style>{_CSS}</style></head><body>"]
+    for b in blocks:
+        if b[0] == "h":
+            out.append(f"<h{b[1]}>{html.escape(b[2])}</h{b[1]}>")
+        elif b[0] == "p":
+            out.append(f"<p>{html.escape(b[1])}</p>")
+        elif b[0] == "table" and not b[1].empty:
+            out.append(b[1].fillna("–").to_html(index=False, border=0, escape=True))
+        elif b[0] == "img":
+            data = base64.b64encode(b[1].read_bytes()).decode("ascii")
+            out.append(f"<img alt='{html.escape(b[2])}' src='data:image/png;base64,{data}'>")
+        elif b[0] == "code":
+            out.append(f"<details><summary>matrix</summary><pre>{html.escape(b[1])}</pre></details>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write_report(run_dir) -> Path:
+    """Write report.md, report.html and plots/ into a run folder; returns report.md's path."""
+    run_dir = Path(run_dir)
+    drift = report_model.drift_blocks(run_dir)  # [] without model.csv
+    if drift and not (run_dir / "results.csv").exists():  # the model command alone
+        blocks = report_model.drift_only_blocks(run_dir, drift)
+    else:
+        df, meta = load_run(run_dir)
+        blocks = report_model.insert_after_answers(build_blocks(df, meta, run_dir), drift)
+    md = run_dir / "report.md"
+    md.write_text(to_markdown(blocks, run_dir))
+    (run_dir / "report.html").write_text(to_html(blocks, f"attnbench report: {run_dir.name}"))
+    return md

@@ -1,0 +1,228 @@
+"""Report figures (seaborn on matplotlib's Agg canvas): scaling, error-vs-time Pareto, GFLOP/s.
+
+Each function takes the tidy results (`run_folder.read_results`) and writes one PNG. The
+figures are built on `matplotlib.figure.Figure` with an Agg canvas, never through pyplot,
+so no global backend or figure state is touched and no display is needed.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.report.analysis import pareto_front
+
+PANEL_IN = (4.0, 3.0)  # width, height of one facet, inches
+LEGEND_IN = 3.2        # room on the right for the legend, inches
+DPI = 100
+
+
+def grid_size_px(nrows: int, ncols: int) -> tuple[int, int]:
+    """(width, height) in pixels of a faceted figure: what the PNG written here measures."""
+    return (round((PANEL_IN[0] * ncols + LEGEND_IN) * DPI), round(PANEL_IN[1] * nrows * DPI))
+
+
+def _new_figure(width_in: float, height_in: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _styles(df: pd.DataFrame) -> tuple[dict, dict, dict]:
+    """(palette, dashes, markers) per `line`: one colour per variant (tab10, so colours do
+    not repeat before ten variants), one dash pattern and marker per setting within it."""
+    import seaborn as sns
+
+    lines = list(dict.fromkeys(df["line"]))
+    variant_of = dict(zip(df["line"], df["variant"]))
+    variants = list(dict.fromkeys(variant_of[ln] for ln in lines))
+    colours = dict(zip(variants, sns.color_palette("tab10" if len(variants) <= 10 else "husl",
+                                                   len(variants))))
+    dash_cycle = ["", (4, 2), (1, 1.5), (6, 2, 1, 2), (2, 3)]
+    marker_cycle = ["o", "s", "^", "D", "v"]
+    palette, dashes, markers, seen = {}, {}, {}, {}
+    for ln in lines:
+        v = variant_of[ln]
+        i = seen[v] = seen.get(v, -1) + 1
+        palette[ln] = colours[v]
+        dashes[ln] = dash_cycle[i % len(dash_cycle)]
+        markers[ln] = marker_cycle[i % len(marker_cycle)]
+    return palette, dashes, markers
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, format="png")
+    return path
+
+
+def _adjust(fig, nrows: int, ncols: int) -> None:
+    w_in, h_in = PANEL_IN[0] * ncols + LEGEND_IN, PANEL_IN[1] * nrows
+    fig.subplots_adjust(left=0.75 / w_in, right=PANEL_IN[0] * ncols / w_in, bottom=0.5 / h_in,
+                        top=1 - 0.3 / h_in, hspace=0.45, wspace=0.3)
+
+
+def _log_axes(ax, xbase: int = 10) -> None:
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xscale("log", base=xbase)
+    ax.set_yscale("log")
+    # Minor log ticks cost most of the drawing time and add little here.
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def _ticks_125(axis) -> None:
+    """Log ticks at 1, 2 and 5 per decade, so a range under one decade still gets labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=12))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def _legend(fig, palette: dict, ncols: int, dashes: dict | None = None,
+            markers: dict | None = None) -> None:
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, marker=(markers or {}).get(name, "o"), markersize=4,
+                      linestyle=(0, dashes[name]) if dashes and dashes[name] else
+                      ("-" if dashes is not None else "none"))
+               for name, c in palette.items()]
+    # Labels carry every parameter; wrap them so the legend fits its column.
+    names = [textwrap.fill(name, 48, subsequent_indent="  ") for name in palette]
+    fig.legend(handles, names, loc="center left", fontsize=7, frameon=False,
+               bbox_to_anchor=(PANEL_IN[0] * ncols / (PANEL_IN[0] * ncols + LEGEND_IN), 0.5))
+
+
+def scaling_plot(df: pd.DataFrame, metric: str, ylabel: str, path: Path,
+                 band: str | None = None) -> Path:
+    """`metric` against seq_len, log-log, one line per `line`, faceted (pass, causal) x input.
+
+    df must hold ok rows with `line` and `variant` columns. Colour is the variant, dash and
+    marker its setting; a panel with no data is left blank. `band` names a spread column
+    (time_ms_iqr) drawn as median +- spread/2 around each line.
+    """
+    import seaborn as sns
+
+    data = df[np.isfinite(df[metric]) & (df[metric] > 0)]
+    rows = sorted(set(zip(df["pass"], df["causal"])), key=lambda pc: (pc[1], pc[0]))
+    inputs = sorted(df["input"].unique())
+    palette, dashes, markers = _styles(df)
+    w, h = grid_size_px(len(rows), len(inputs))
+    fig = _new_figure(w / DPI, h / DPI)
+    axes = fig.subplots(len(rows), len(inputs), squeeze=False, sharex=True)
+    for r, (p, causal) in enumerate(rows):
+        for c, inp in enumerate(inputs):
+            ax = axes[r][c]
+            sub = data[(data["pass"] == p) & (data["causal"] == causal)
+                       & (data["input"] == inp)].sort_values("seq_len")
+            if sub.empty:
+                ax.set_axis_off()
+                continue
+            sns.lineplot(data=sub, x="seq_len", y=metric, hue="line", style="line",
+                         palette=palette, dashes=dashes, markers=markers, markersize=4,
+                         legend=False, ax=ax, errorbar=None)
+            if band is not None:
+                for line, g in sub.groupby("line"):
+                    spread = g[band].fillna(0).to_numpy() / 2
+                    lo = np.maximum(g[metric].to_numpy() - spread, g[metric].to_numpy() * 1e-3)
+                    ax.fill_between(g["seq_len"], lo, g[metric] + spread,
+                                    color=palette[line], alpha=0.25, linewidth=0)
+            _log_axes(ax, 2)
+            ax.set_title(f"{p} · {inp}{' · causal' if causal else ''}", fontsize=9)
+            ax.set_xlabel("sequence length N")
+            ax.set_ylabel(ylabel if c == 0 else "")
+            ax.grid(True, which="major", alpha=0.3)
+    _adjust(fig, len(rows), len(inputs))
+    _legend(fig, palette, len(inputs), dashes, markers)
+    return _save(fig, path)
+
+
+def pareto_plot(df: pd.DataFrame, lengths: list[int], path: Path, err: str = "rel_err",
+                ylabel: str = "relative error") -> Path:
+    """An error column (rel_err unless told) against time_ms at the given lengths (rows) per
+    input (columns).
+
+    df: ok rows of one pass/shape with a `line` column. The Pareto front (no other point
+    both faster and more accurate) is joined by a step line and labelled.
+    """
+    import seaborn as sns
+
+    inputs = sorted(df["input"].unique())
+    palette, _, markers = _styles(df)
+    w, h = grid_size_px(len(lengths), len(inputs))
+    fig = _new_figure(w / DPI, h / DPI)
+    axes = fig.subplots(len(lengths), len(inputs), squeeze=False)
+    for r, n in enumerate(lengths):
+        for c, inp in enumerate(inputs):
+            ax = axes[r][c]
+            sub = df[(df["seq_len"] == n) & (df["input"] == inp)].copy()
+            sub = sub[np.isfinite(sub["time_ms"]) & np.isfinite(sub[err])]
+            # Exact paths can reach 0 error; clip so they stay on the log axis.
+            sub[err] = sub[err].clip(lower=1e-9)
+            if sub.empty:
+                ax.set_axis_off()
+                continue
+            sns.scatterplot(data=sub, x="time_ms", y=err, hue="line", style="line",
+                            palette=palette, markers=markers, legend=False, ax=ax, s=25)
+            front = sub[pareto_front(sub["time_ms"], sub[err])].sort_values("time_ms")
+            ax.step(front["time_ms"], front[err], where="post", color="black",
+                    linewidth=0.8, alpha=0.6)
+            # Front points often sit side by side at one error level: short labels,
+            # alternately above and below, so neighbours do not overprint.
+            for i, (_, row) in enumerate(front.iterrows()):
+                ax.annotate(_short(row["line"]), (row["time_ms"], row[err]), fontsize=6,
+                            xytext=(3, 4 if i % 2 == 0 else -9), textcoords="offset points")
+            _log_axes(ax)
+            _ticks_125(ax.xaxis)
+            ax.tick_params(axis="x", labelsize=7)
+            ax.set_title(f"N = {n} · {inp}", fontsize=9)
+            ax.set_xlabel("time (ms)")
+            ax.set_ylabel(ylabel if c == 0 else "")
+            ax.grid(True, alpha=0.3)
+    _adjust(fig, len(lengths), len(inputs))
+    _legend(fig, palette, len(inputs), markers=markers)
+    return _save(fig, path)
+
+
+def _short(line: str, width: int = 30) -> str:
+    """A plot annotation: the label cut to `width` characters (the legend has it whole)."""
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def gflops_size_px(n_labels: int) -> tuple[int, int]:
+    """(width, height) in pixels of the GFLOP/s bar chart for n_labels variants."""
+    return (round(8.0 * DPI), round((1.5 + 0.28 * n_labels) * DPI))
+
+
+def gflops_plot(df: pd.DataFrame, matmul_gflops: float | None, path: Path) -> Path:
+    """Best achieved GFLOP/s per line and pass, against the machine's fp32 matmul rate."""
+    import seaborn as sns
+
+    data = df[np.isfinite(df["gflops_per_s"])]
+    best = data.groupby(["line", "pass"], sort=False, as_index=False)["gflops_per_s"].max()
+    lines = list(dict.fromkeys(df["line"]))
+    w, h = gflops_size_px(len(lines))
+    fig = _new_figure(w / DPI, h / DPI)
+    ax = fig.subplots()
+    if len(best):
+        sns.barplot(data=best, y="line", x="gflops_per_s", hue="pass", order=lines, ax=ax)
+    if matmul_gflops:
+        ax.axvline(matmul_gflops, color="black", linestyle="--", linewidth=1)
+        ax.annotate(f"fp32 matmul {matmul_gflops:.0f} GFLOP/s", (matmul_gflops, 1),
+                    xytext=(-3, -3), textcoords="offset points", ha="right", va="top",
+                    fontsize=7, xycoords=("data", "axes fraction"))
+    ax.set_xlabel("achieved GFLOP/s (analytic FLOPs / median time; best over lengths)")
+    ax.set_ylabel("")
+    ax.set_yticks(ax.get_yticks(), [textwrap.fill(t.get_text(), 36, subsequent_indent="  ")
+                                    for t in ax.get_yticklabels()])
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.subplots_adjust(left=0.38, right=0.97, bottom=0.6 / (h / DPI), top=1 - 0.3 / (h / DPI))
+    return _save(fig, path)
