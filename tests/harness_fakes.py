@@ -1,4 +1,5 @@
-"""Throwaway variants for the harness tests: one raises, one sleeps, one returns NaN.
+"""Throwaway variants for the harness tests: one raises, one sleeps, one returns NaN, one
+kills the job it runs in.
 
 Loaded by path (harness.measure.worker.import_extra / ATTNBENCH_EXTRA_MODULES) in the test process
 and in the harness's worker processes; names start with "_" so "all" leaves them out.
@@ -7,6 +8,8 @@ and in the harness's worker processes; names start with "_" so "all" leaves them
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import time
 
 import torch
@@ -53,3 +56,25 @@ class NaNs(_Fake):
 
     def attend(self, q, k, v, causal):
         return torch.full_like(q, float("nan"))
+
+
+@dataclasses.dataclass(frozen=True)
+class KillParams:
+    kill_at: int = param(64, doc="the sequence length at which it kills its job", min=1)
+
+
+@register
+class KillsJob(_Fake):
+    """At N = kill_at, SIGKILLs the process that started its worker when that is a submitit
+    job (SUBMITIT_EXECUTOR is set: the shard's runner), then exits: a case that takes its
+    whole job down, as the node's OOM killer or a driver crash would. Outside a submitit job
+    only the worker exits (an `error` row). At any other N it returns v."""
+    name = "_test_kills_job"
+    Params = KillParams
+
+    def attend(self, q, k, v, causal):
+        if q.shape[2] != self.params.kill_at:
+            return v.clone()
+        if os.environ.get("SUBMITIT_EXECUTOR"):
+            os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(3)
