@@ -1,5 +1,5 @@
 """Throwaway variants for the harness tests: one raises, one sleeps, one returns NaN, one
-kills the job it runs in.
+kills the job it runs in, one fails once a file exists.
 
 Loaded by path (harness.measure.worker.import_extra / ATTNBENCH_EXTRA_MODULES) in the test process
 and in the harness's worker processes; names start with "_" so "all" leaves them out.
@@ -78,3 +78,21 @@ class KillsJob(_Fake):
         if os.environ.get("SUBMITIT_EXECUTOR"):
             os.kill(os.getppid(), signal.SIGKILL)
         os._exit(3)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagParams:
+    flag: str = param("", doc="a path: every call raises once this file exists")
+
+
+@register
+class FailsOnceFlagged(_Fake):
+    """Returns v until the file `flag` exists, then raises: a case that breaks in a later
+    timing round (the test creates the file between rounds)."""
+    name = "_test_fails_if"
+    Params = FlagParams
+
+    def attend(self, q, k, v, causal):
+        if self.params.flag and os.path.exists(self.params.flag):
+            raise RuntimeError(f"deliberate failure: {self.params.flag} exists")
+        return v.clone()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -26,8 +27,10 @@ REPO = Path(__file__).resolve().parent.parent
 FAKES = str(REPO / "tests" / "harness_fakes.py")
 import_extra(FAKES)
 
+# Timed in 2 rounds: each shard does its rounds over its own cases (checked below).
 TINY = ('variants = ["sdpa", "linear"]\nseq_lens = [64, 128]\nheads = 1\nhead_dim = 32\n'
-        'passes = ["forward"]\nmin_run_time_s = 0.01\nmin_repeats = 3\n')
+        'passes = ["forward"]\nmin_run_time_s = 0.01\nmin_repeats = 3\nrounds = 2\n')
+_PART = re.compile(r"^--- \S+ (\w+) ([0-9a-f]{16}) ", re.M)
 
 
 def _slurm_reason() -> str | None:
@@ -81,8 +84,15 @@ def _same_as_serial(serial_csv: Path, folder: Path, jobs: int) -> None:
     ids = Counter(r["case_id"] for i in shards.shard_indices(folder)
                   for r in _rows(shards.shard_csv(folder, i)))
     assert set(ids.values()) == {1} and len(ids) == len(_rows(serial_csv))
+    assert {r["rounds"] for r in _rows(sharded)} == {"2"}
+    for i in shards.shard_indices(folder):  # round 1 of its cases, then round 2 of them
+        parts = _PART.findall(shards.shard_log(folder, i).read_text())
+        mine = [c for p, c in parts if p == "time"]
+        assert mine and [p for p, _ in parts][-len(mine):] == ["retime"] * len(mine)
+        assert [c for p, c in parts if p == "retime"] == mine
     meta = json.loads((folder / "meta.json").read_text())
     assert len(meta["shards"]) == jobs and {r["shard"] for r in meta["shards"]} == set(range(jobs))
+    assert all([s["before_round"] for s in r["busy"]] == [0, 2] for r in meta["shards"])
     assert "matrix" in meta and "executor" not in meta["matrix"]
     assert (folder / "report.md").is_file()
 

@@ -226,6 +226,8 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
         return measure(cases, store, done, store.folder / "worker.log", bar, between_rounds)
     finally:
         bar.close()
+        if any(c.rounds > 1 for c in cases):  # rows came as last rounds ended: matrix order
+            store.reorder([c.case_id for c in cases])
         meta["sessions"][-1]["ended"] = meta["ended"] = now()
         meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         store.write_meta(meta)

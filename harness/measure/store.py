@@ -76,6 +76,24 @@ class RunStore:
     def close(self) -> None:
         self._log.close()
 
+    def reorder(self, case_ids: list[str]) -> None:
+        """Rewrite results.csv with its rows in this order (unknown ids last): a run with
+        rounds writes a case's row when its last round ends, after the cases that failed
+        or were skipped in round 1. Written aside and renamed: never half a file."""
+        rows = CsvLog(self.csv_path, COLUMNS).rows(cut=True)
+        rank = {cid: i for i, cid in enumerate(case_ids)}
+        ordered = sorted(rows, key=lambda r: rank.get(r["case_id"], len(rank)))
+        if ordered == rows:
+            return
+        tmp = self.csv_path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(ordered)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.csv_path)
+
     # -- rounds ----------------------------------------------------------------------------
     def read_rounds(self) -> dict[str, dict[int, dict]]:
         """case id -> round -> its record, over every rounds file of the run folder (this
