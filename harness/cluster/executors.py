@@ -6,7 +6,8 @@ or `slurm` (SlurmExecutor: one job array, a task per shard).
 Settings come from the `[executor]` table of the matrix TOML and from the command line
 (which wins); they are never part of the matrix, so a run resumed with another executor
 or shard count is the same run. Each shard is a `ShardJob` (submitit's Checkpointable:
-on preemption or a time limit, Slurm requeues it and it carries on from its own file).
+on preemption or a time limit, Slurm requeues it and it carries on from its own file,
+leaving alone the cases the waiting command has meanwhile given to a newer job).
 """
 
 from __future__ import annotations

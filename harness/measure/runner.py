@@ -257,6 +257,7 @@ def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
     guard, counts = MemoryGuard(), Counter()
     workers = WorkerPair(log_path)
     timed_out: dict[tuple, int] = {}  # series -> shortest length that timed out
+    done = set(done)  # grows as rows are written: a case failed in round 1 has no round 2
     todo = [c for c in cases if c.case_id not in done]
     earlier = store.read_rounds() if any(c.rounds > 1 for c in todo) else {}
     if bar is not None:
@@ -286,7 +287,7 @@ def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
                 if row.get("time_ms"):
                     row["gflops_per_s"] = row["flops"] / (row["time_ms"] * 1e6)
                 store.append(row)
-                done = done | {case.case_id}
+                done.add(case.case_id)
                 counts[row["status"]] += 1
                 if bar is not None:
                     bar.update(case.rounds - len(earlier.get(case.case_id, {})))
