@@ -116,6 +116,12 @@ class BlockSparse(Variant):
             return in_layout(lay.to(i.device), b, i[:, None], j[None, :])  # (c, n)
         return allowed
 
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        """True when the layout holds every block (causal: every block on or below the
+        diagonal): at N = 512 a block size of 128 is 4 x 4 blocks, all of them in it."""
+        lay = self._layout(seq_len)
+        return bool(lay.tril().eq(torch.ones_like(lay).tril()).all() if causal else lay.all())
+
     def flops(self, B, H, N, D, causal=False):
         """4 b^2 D per nonzero block of the layout (causal: blocks with j <= i) and head.
 
@@ -181,6 +187,9 @@ class SameLayout:
 
     def key_mask(self, seq_len: int) -> KeyMask:
         return self._pattern.key_mask(seq_len)
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        return self._pattern.exact_at(seq_len, causal)
 
 
 def _gather(xp: torch.Tensor, cols: torch.Tensor, span) -> torch.Tensor:

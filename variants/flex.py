@@ -40,7 +40,7 @@ import torch
 from .base import KeyMask, Variant
 from .block_sparse import SameLayout
 from .registry import register
-from .sliding_window import SlidingWindowParams, band_mask, in_band
+from .sliding_window import SlidingWindowParams, band_mask, in_band, window_covers
 
 PAPER = "https://arxiv.org/abs/2412.05496"
 # Block size of the sliding-window BlockMask: flex_attention's default tile.
@@ -116,6 +116,7 @@ def block_mask(touched: torch.Tensor, full: torch.Tensor, block: int, N: int,
 class _Flex(Variant):
     paper = PAPER
     compiles = True
+    prepare_calls = 1  # prepare compiles by running the case's pass once
 
     def __init__(self, params=None):
         super().__init__(params)
@@ -217,6 +218,9 @@ class SlidingWindowFlex(_Flex):
 
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        return window_covers(self.params.window, seq_len)
 
     def _allows(self, N, device):
         # A tensor, not an int: dynamo would specialise the kernel on the int's value.
