@@ -53,3 +53,20 @@ class NaNs(_Fake):
 
     def attend(self, q, k, v, causal):
         return torch.full_like(q, float("nan"))
+
+
+@register
+class PreparesByCalling(_Fake):
+    """Its `prepare` runs one call, as a compile does (prepare_calls = 1); each call sleeps,
+    then returns v. compile_ms must not count that call."""
+    name = "_test_prepares"
+    Params = SleepParams
+    prepare_calls = 1
+
+    def prepare(self, q, k, v, causal, backward=False):
+        self.attend(q, k, v, causal)
+        return True
+
+    def attend(self, q, k, v, causal):
+        time.sleep(self.params.seconds)
+        return v.clone()
