@@ -13,6 +13,7 @@ import torch
 
 import run_bench
 import variants
+from test_conformance import lacks
 from harness.measure import memory
 from harness.measure import timing
 
@@ -27,10 +28,15 @@ def test_variant_runs_on_the_meta_device(name, causal, backward):
     m = variants.build(name)
     reasons = m.unsupported_reasons(device="meta", dtype=torch.float32, causal=causal,
                                     seq_len=300, head_dim=16, backward=backward)
-    if reasons:
-        pytest.skip(f"declared unsupported: {'; '.join(reasons)}")
     q, k, v = (torch.empty(2, 3, 300, 16, device="meta", requires_grad=backward)
                for _ in range(3))
+    if reasons:  # declared: forward refuses with the reason, never computes something else
+        with pytest.raises(ValueError) as e, torch.set_grad_enabled(backward):
+            m(q, k, v, causal=causal)
+        assert reasons[0] in str(e.value)
+        if lacks(reasons):
+            pytest.skip(f"this machine lacks what it needs: {'; '.join(reasons)}")
+        return
     with torch.set_grad_enabled(backward):
         o = m(q, k, v, causal=causal)
     assert o.device.type == "meta" and o.shape == q.shape and o.dtype == q.dtype

@@ -46,10 +46,11 @@ class _SDPAMask(Variant):
             idx = torch.arange(N, device=device)
             m = torch.empty(N, N, dtype=torch.bool, device=device)
             rows = max(1, _BLOCK_PAIRS // max(N, 1))
-            for i in idx.split(rows):
-                m[i[0]:i[-1] + 1] = allowed(i, idx)  # (rows, N)
+            for s in range(0, N, rows):
+                i = idx[s:s + rows]
+                m[s:s + rows] = allowed(i, idx)  # (rows, N)
                 if causal:
-                    m[i[0]:i[-1] + 1] &= idx[None, :] <= i[:, None]
+                    m[s:s + rows] &= idx[None, :] <= i[:, None]
             self._mask = (key, m)
         return self._mask[1]
 
