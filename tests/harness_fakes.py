@@ -70,3 +70,13 @@ class PreparesByCalling(_Fake):
     def attend(self, q, k, v, causal):
         time.sleep(self.params.seconds)
         return v.clone()
+
+
+@register
+class Hogs(_Fake):
+    """Asks for a petabyte on its device: every call runs out of memory (CPU or CUDA)."""
+    name = "_test_hogs"
+
+    def attend(self, q, k, v, causal):
+        torch.empty(2**50, dtype=torch.uint8, device=q.device)
+        return v.clone()

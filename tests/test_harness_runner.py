@@ -180,3 +180,33 @@ def test_cuda_cases_measure_time_memory_and_error(tmp_path):
     for r in _rows(store.folder):
         assert float(r["peak_mem_mib"]) > 0 and float(r["time_ms"]) > 0
         assert float(r["rel_err"]) < (1e-2 if r["dtype"] == "float16" else 1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA is not available")
+def test_cuda_run_keeps_state_stops_after_oom_and_rates_each_dtype(tmp_path):
+    m = mx.normalise({"variants": {"sliding_window_sdpa_mask": [{}], "sdpa": [{}],
+                                   "_test_hogs": [{}]},
+                      "seq_lens": [4096, 8192], "devices": ["cuda"], "heads": 2,
+                      "dtypes": ["float32", "bfloat16"], "min_run_time_s": 0.02,
+                      "min_repeats": 3})
+    store = RunStore(tmp_path / "gpu")
+    os.environ[EXTRA_ENV] = FAKES
+    try:
+        runner.run(m, mx.expand(m), store, resume=False)
+    finally:
+        del os.environ[EXTRA_ENV]
+    rows = {(r["variant"], r["seq_len"], r["dtype"]): r for r in _rows(store.folder)}
+    for dtype in ("float32", "bfloat16"):
+        assert rows[("_test_hogs", "4096", dtype)]["status"] == "oom"
+        later = rows[("_test_hogs", "8192", dtype)]
+        assert later["status"] == "skipped" and "ran out of memory at N=4096" in later["reason"]
+        for n in (4096, 8192):
+            mask = rows[("sliding_window_sdpa_mask", str(n), dtype)]
+            assert mask["status"] == "ok", mask
+            assert abs(float(mask["state_mib"]) - n * n / 2**20) < 2, mask  # the bool mask
+            sdpa = rows[("sdpa", str(n), dtype)]
+            assert sdpa["status"] == "ok" and float(sdpa["state_mib"]) < 2, sdpa
+            assert sdpa["exact"] == "True" and mask["exact"] == "False"
+    rates = store.read_meta()["matmul_gflops"]
+    assert rates["cuda float32"] > 0 and rates["cuda bfloat16"] > 0
