@@ -8,8 +8,8 @@
 #
 # Packages the GPU machine lacks travel as wheels in .whl/ (pure Python or ABI-independent,
 # installed offline with --no-deps): submitit (the cluster code imports it lazily) and
-# xformers (the xformers variants; 0.0.35 needs torch >= 2.10). Fetched where pip works:
-#   echo /.whl/ >> .git/info/exclude
+# xformers (the xformers variants; 0.0.35 needs torch >= 2.10). Fetched where pip works
+# (.whl/ is git-ignored, so it travels only when carried):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl submitit==1.5.4 xformers==0.0.35
