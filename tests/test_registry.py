@@ -76,8 +76,9 @@ def test_parameters_are_checked_for_type_range_and_choice():
 
 
 def readme_example() -> str:
-    """The complete add-a-variant example of the README (its first block that registers)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    """The complete add-a-variant example of the docs (docs/variants.md, the README links it):
+    its first block that registers."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "variants.md").read_text(), re.S)
     return next(b for b in blocks if "@register" in b)
 
 
