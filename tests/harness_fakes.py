@@ -53,3 +53,30 @@ class NaNs(_Fake):
 
     def attend(self, q, k, v, causal):
         return torch.full_like(q, float("nan"))
+
+
+@register
+class PreparesByCalling(_Fake):
+    """Its `prepare` runs one call, as a compile does (prepare_calls = 1); each call sleeps,
+    then returns v. compile_ms must not count that call."""
+    name = "_test_prepares"
+    Params = SleepParams
+    prepare_calls = 1
+
+    def prepare(self, q, k, v, causal, backward=False):
+        self.attend(q, k, v, causal)
+        return True
+
+    def attend(self, q, k, v, causal):
+        time.sleep(self.params.seconds)
+        return v.clone()
+
+
+@register
+class Hogs(_Fake):
+    """Asks for a petabyte on its device: every call runs out of memory (CPU or CUDA)."""
+    name = "_test_hogs"
+
+    def attend(self, q, k, v, causal):
+        torch.empty(2**50, dtype=torch.uint8, device=q.device)
+        return v.clone()

@@ -8,7 +8,7 @@ glibc's defaults (harness.measure.worker says why). Peak memory is read per call
 resident size before it, so reuse keeps readings right; a worker is replaced after a
 timeout (killed), a crash, or an out-of-memory case. The time limit covers both parts. Before a case runs,
 the memory guard (harness.measure.memory.MemoryGuard) may refuse it, and a case longer than one
-of the same series that timed out is skipped with that reason.
+of the same series that timed out or ran out of memory is skipped with that reason.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import variants
 from harness.models import capture
 from harness.measure.matrix import Case
 from harness.measure.memory import MALLOC_ENV, MemoryGuard, is_oom_message
-from harness.measure.store import RunStore, environment, matmul_fp32_gflops, now
+from harness.measure.store import RunStore, environment, matmul_fp32_gflops, matmul_rates, now
 from harness.measure.worker import RESULT_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,7 +148,8 @@ def case_row(case: Case, module) -> dict:
     if case.backward:
         flops *= 3  # backward counted as twice the forward (two matmuls per forward matmul)
     return {"case_id": case.case_id, "variant": case.variant, "family": module.family,
-            "params": case.params, "device": case.device, "dtype": case.dtype,
+            "params": case.params, "exact": module.exact_at(case.seq_len, case.causal),
+            "device": case.device, "dtype": case.dtype,
             "batch": case.batch, "heads": case.heads, "head_dim": case.head_dim,
             "seq_len": case.seq_len, "causal": case.causal, "pass": case.pass_,
             "input": case.input, "flops": flops, "seed": case.seed, "threads": case.threads}
@@ -163,6 +164,16 @@ def skip_reasons(case: Case, module) -> list[str]:
                                           causal=case.causal, seq_len=case.seq_len,
                                           head_dim=case.head_dim, backward=case.backward)
     return reasons + capture.skip_reasons(case)
+
+
+def _why(what: str, case: Case) -> str:
+    return f" (timeout_s={case.timeout_s:g})" if what == "timed out" else ""
+
+
+def _total_mib(row: dict) -> float | None:
+    """A case's measured memory: one call's peak plus the state the variant keeps."""
+    peak = row.get("peak_mem_mib")
+    return None if peak is None else peak + (row.get("state_mib") or 0.0)
 
 
 def summary_line(n_cases: int, counts: Counter, earlier: int, folder: Path) -> str:
@@ -184,6 +195,9 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
               "distort the times of this run", file=sys.stderr)
     if "matmul_fp32_gflops" not in meta:  # once per run, not per resumed session
         meta["matmul_fp32_gflops"] = matmul_fp32_gflops(threads)
+    # The rate each (device, dtype) of the run is set against: its own matmul, measured.
+    meta["matmul_gflops"] = matmul_rates(cases, threads, meta.get("matmul_gflops") or {
+        "cpu float32": meta["matmul_fp32_gflops"]})
     meta.setdefault("started", now())
     meta.setdefault("sessions", []).append({"started": now(), "ended": None})
     meta.update({"matrix": matrix, "cases": len(cases), "ended": None})
@@ -209,7 +223,8 @@ def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
     store.open()
     guard, counts = MemoryGuard(), Counter()
     workers = WorkerPair(log_path)
-    timed_out: dict[tuple, int] = {}  # series -> shortest length that timed out
+    # series -> (shortest length that timed out or ran out of memory, what happened there)
+    stopped: dict[tuple, tuple[int, str]] = {}
     try:
         for case in cases:
             if case.case_id in done:
@@ -220,19 +235,20 @@ def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
             row = case_row(case, module)
             reasons = skip_reasons(case, module)
             guard_reason = None if reasons else guard.refuse_reason(case, module)
-            slow = timed_out.get(case.series())
-            if slow is not None and slow < case.seq_len:  # a longer case would time out too
-                guard_reason = guard_reason or (f"the same case timed out at N={slow} "
-                                                f"(timeout_s={case.timeout_s:g}); longer skipped")
+            stop = stopped.get(case.series())
+            if stop is not None and stop[0] < case.seq_len:  # a longer case would fail too
+                guard_reason = guard_reason or (f"the same case {stop[1]} at N={stop[0]}"
+                                                f"{_why(stop[1], case)}; longer skipped")
             if reasons or guard_reason:
                 row.update(status="skipped", reason="; ".join(reasons) or guard_reason)
             else:
                 row.update(workers.measure(case))
             if row.get("time_ms"):
                 row["gflops_per_s"] = row["flops"] / (row["time_ms"] * 1e6)
-            guard.record(case.series(), case.seq_len, row.get("peak_mem_mib"))
-            if row["status"] == "timeout":
-                timed_out[case.series()] = min(case.seq_len, timed_out.get(case.series(), case.seq_len))
+            guard.record(case.series(), case.seq_len, _total_mib(row))
+            what = {"timeout": "timed out", "oom": "ran out of memory"}.get(row["status"])
+            if what and case.seq_len < stopped.get(case.series(), (case.seq_len + 1,))[0]:
+                stopped[case.series()] = (case.seq_len, what)
             store.append(row)
             counts[row["status"]] += 1
             if bar is not None:
