@@ -1,5 +1,6 @@
 """Throwaway variants for the harness tests: one raises, one sleeps, one returns NaN, one
-kills the job it runs in, one fails once a file exists.
+prepares by calling, one runs out of memory, one kills the job it runs in, one fails once
+a file exists.
 
 Loaded by path (harness.measure.worker.import_extra / ATTNBENCH_EXTRA_MODULES) in the test process
 and in the harness's worker processes; names start with "_" so "all" leaves them out.
@@ -56,6 +57,33 @@ class NaNs(_Fake):
 
     def attend(self, q, k, v, causal):
         return torch.full_like(q, float("nan"))
+
+
+@register
+class PreparesByCalling(_Fake):
+    """Its `prepare` runs one call, as a compile does (prepare_calls = 1); each call sleeps,
+    then returns v. compile_ms must not count that call."""
+    name = "_test_prepares"
+    Params = SleepParams
+    prepare_calls = 1
+
+    def prepare(self, q, k, v, causal, backward=False):
+        self.attend(q, k, v, causal)
+        return True
+
+    def attend(self, q, k, v, causal):
+        time.sleep(self.params.seconds)
+        return v.clone()
+
+
+@register
+class Hogs(_Fake):
+    """Asks for a petabyte on its device: every call runs out of memory (CPU or CUDA)."""
+    name = "_test_hogs"
+
+    def attend(self, q, k, v, causal):
+        torch.empty(2**50, dtype=torch.uint8, device=q.device)
+        return v.clone()
 
 
 @dataclasses.dataclass(frozen=True)

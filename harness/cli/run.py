@@ -42,8 +42,10 @@ _SCALARS = {"timeout": ("timeout_s", float), "min_run_time": ("min_run_time_s", 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
+    presets = sorted(p.stem for p in mx.PRESET_DIR.glob("*.toml"))
     src.add_argument("--preset", default=None,
-                     help="quick (default), cpu, gpu, or a path to a .toml matrix")
+                     help=f"{', '.join(presets)} (default: quick), or a path to a .toml "
+                          "matrix")
     src.add_argument("--config", default=None, help="a .toml matrix file of your own")
     p.add_argument("--results-dir", default="results", type=Path)
     p.add_argument("--run-id", default=None,

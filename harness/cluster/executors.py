@@ -155,7 +155,7 @@ def run_shard(folder: str, index: int, cases: list, executor: str) -> dict:
     """
     from harness.measure import runner
     from harness.cluster import shards
-    from harness.measure.store import environment, matmul_fp32_gflops, now
+    from harness.measure.store import environment, matmul_fp32_gflops, matmul_rates, now
 
     from harness.measure.worker import import_extra
 
@@ -167,12 +167,14 @@ def run_shard(folder: str, index: int, cases: list, executor: str) -> dict:
     done = store.done_ids()  # also cuts a partial last line this shard's killed attempt left
     threads = cases[0].threads if cases else 1
     env = environment(threads)
+    fp32 = matmul_fp32_gflops(threads)
     record = {"shard": index, "executor": executor, "job_id": _job_id(),
               "host": socket.gethostname(),
               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
               "cases": len(cases), "started": now(), "ended": None, "counts": None,
               "busy": [runner.busy_sample(0)],
-              "matmul_fp32_gflops": matmul_fp32_gflops(threads),
+              "matmul_fp32_gflops": fp32,
+              "matmul_gflops": matmul_rates(cases, threads, {"cpu float32": fp32}),
               **{k: env[k] for k in ("cpu_model", "cpu_count", "threads", "cuda_devices",
                                      "load_average_start")}}
     shards.write_record(folder, index, record)

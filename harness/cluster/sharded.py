@@ -253,6 +253,12 @@ def _close_session(store: RunStore, meta: dict) -> None:
         rates = [r["matmul_fp32_gflops"] for r in recs if r.get("matmul_fp32_gflops")]
         if rates:  # the rate where the cases ran (the report's GFLOP/s section uses it)
             meta["matmul_fp32_gflops"] = statistics.median(rates)
+        per = {}  # each device and dtype's rate, the median over the shards that ran it
+        for r in recs:
+            for key, rate in (r.get("matmul_gflops") or {}).items():
+                per.setdefault(key, []).append(rate)
+        if per:
+            meta["matmul_gflops"] = {k: statistics.median(v) for k, v in per.items()}
         nodes: dict[str, int] = {}
         for r in recs:
             nodes[r["host"]] = max(nodes.get(r["host"], 0), r["shards_on_node"])

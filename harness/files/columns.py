@@ -14,10 +14,15 @@ MODEL_META = "model_meta.json"
 # drift baseline), fastest first.
 EXACT_PATHS = ("sdpa", "standard")
 
+# `exact`: the setting computes exact softmax attention at this row's length and causal
+# flag (variants' `exact_at`: an exact path, or a window or layout that covers every pair).
+# `state_mib`: memory the variant keeps between calls (a mask, a layout, features), built
+# in its preparation or first call; `peak_mem_mib` is one call's peak above it.
 RESULT_COLUMNS = [
-    "case_id", "variant", "family", "params", "device", "dtype", "batch", "heads",
+    "case_id", "variant", "family", "params", "exact", "device", "dtype", "batch", "heads",
     "head_dim", "seq_len", "causal", "pass", "input", "status", "reason", "time_ms",
-    "time_ms_iqr", "repeats", "rounds", "time_ms_spread", "peak_mem_mib", "rel_err", "max_abs_err", "err_rows",
+    "time_ms_iqr", "repeats", "rounds", "time_ms_spread", "peak_mem_mib", "state_mib", "rel_err",
+    "max_abs_err", "err_rows",
     "row_cos", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed"]
 
 # time_ms_spread: the largest relative difference between two rounds' medians,

@@ -8,7 +8,7 @@ glibc's defaults (harness.measure.worker says why). Peak memory is read per call
 resident size before it, so reuse keeps readings right; a worker is replaced after a
 timeout (killed), a crash, or an out-of-memory case. The time limit covers both parts. Before a case runs,
 the memory guard (harness.measure.memory.MemoryGuard) may refuse it, and a case longer than one
-of the same series that timed out is skipped with that reason.
+of the same series that timed out or ran out of memory is skipped with that reason.
 
 Rounds (a matrix's `rounds` = R > 1): round 1 of every case (memory, error and a timing
 with min_run_time_s / R), then round 2 of every case (a fresh timing alone, `retime`),
@@ -43,7 +43,7 @@ from harness.measure import busy as busy_sampler
 from harness.measure import timing
 from harness.measure.matrix import Case
 from harness.measure.memory import MALLOC_ENV, MemoryGuard, is_oom_message
-from harness.measure.store import RunStore, environment, matmul_fp32_gflops, now
+from harness.measure.store import RunStore, environment, matmul_fp32_gflops, matmul_rates, now
 from harness.measure.worker import RESULT_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,7 +176,8 @@ def case_row(case: Case, module) -> dict:
     if case.backward:
         flops *= 3  # backward counted as twice the forward (two matmuls per forward matmul)
     return {"case_id": case.case_id, "variant": case.variant, "family": module.family,
-            "params": case.params, "device": case.device, "dtype": case.dtype,
+            "params": case.params, "exact": module.exact_at(case.seq_len, case.causal),
+            "device": case.device, "dtype": case.dtype,
             "batch": case.batch, "heads": case.heads, "head_dim": case.head_dim,
             "seq_len": case.seq_len, "causal": case.causal, "pass": case.pass_,
             "input": case.input, "flops": flops, "seed": case.seed, "threads": case.threads}
@@ -191,6 +192,16 @@ def skip_reasons(case: Case, module) -> list[str]:
                                           causal=case.causal, seq_len=case.seq_len,
                                           head_dim=case.head_dim, backward=case.backward)
     return reasons + capture.skip_reasons(case)
+
+
+def _why(what: str, case: Case) -> str:
+    return f" (timeout_s={case.timeout_s:g})" if what == "timed out" else ""
+
+
+def _total_mib(row: dict) -> float | None:
+    """A case's measured memory: one call's peak plus the state the variant keeps."""
+    peak = row.get("peak_mem_mib")
+    return None if peak is None else peak + (row.get("state_mib") or 0.0)
 
 
 def summary_line(n_cases: int, counts: Counter, earlier: int, folder: Path) -> str:
@@ -209,6 +220,9 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     meta.setdefault("busy", []).append(busy_sample(0))
     if "matmul_fp32_gflops" not in meta:  # once per run, not per resumed session
         meta["matmul_fp32_gflops"] = matmul_fp32_gflops(threads)
+    # The rate each (device, dtype) of the run is set against: its own matmul, measured.
+    meta["matmul_gflops"] = matmul_rates(cases, threads, meta.get("matmul_gflops") or {
+        "cpu float32": meta["matmul_fp32_gflops"]})
     meta.setdefault("started", now())
     meta.setdefault("sessions", []).append({"started": now(), "ended": None})
     meta.update({"matrix": matrix, "cases": len(cases), "ended": None})
@@ -256,7 +270,8 @@ def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
     store.open()
     guard, counts = MemoryGuard(), Counter()
     workers = WorkerPair(log_path)
-    timed_out: dict[tuple, int] = {}  # series -> shortest length that timed out
+    # series -> (shortest length that timed out or ran out of memory, what happened there)
+    stopped: dict[tuple, tuple[int, str]] = {}
     done = set(done)  # grows as rows are written: a case failed in round 1 has no round 2
     todo = [c for c in cases if c.case_id not in done]
     earlier = store.read_rounds() if any(c.rounds > 1 for c in todo) else {}
@@ -275,7 +290,7 @@ def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
                     bar.set_postfix_str(f"round {r}/{case.rounds} {case.label()}"
                                         if case.rounds > 1 else case.label(), refresh=True)
                 if r == 1:
-                    row, rec = _first_round(case, workers, guard, timed_out)
+                    row, rec = _first_round(case, workers, guard, stopped)
                 else:
                     row, rec = _later_round(case, r, workers, earlier[case.case_id])
                 if rec is not None:  # more rounds to come: this one goes to the rounds file
@@ -298,7 +313,7 @@ def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
 
 
 def _first_round(case: Case, workers: WorkerPair, guard: MemoryGuard,
-                 timed_out: dict) -> tuple[dict | None, dict | None]:
+                 stopped: dict) -> tuple[dict | None, dict | None]:
     """Round 1 (the only one without rounds): skip checks, memory, error, a timing.
 
     Returns (the case's row, None), or (None, round 1's record) when the case is ok and
@@ -307,17 +322,18 @@ def _first_round(case: Case, workers: WorkerPair, guard: MemoryGuard,
     row = case_row(case, module)
     reasons = skip_reasons(case, module)
     guard_reason = None if reasons else guard.refuse_reason(case, module)
-    slow = timed_out.get(case.series())
-    if slow is not None and slow < case.seq_len:  # a longer case would time out too
-        guard_reason = guard_reason or (f"the same case timed out at N={slow} "
-                                        f"(timeout_s={case.timeout_s:g}); longer skipped")
+    stop = stopped.get(case.series())
+    if stop is not None and stop[0] < case.seq_len:  # a longer case would fail too
+        guard_reason = guard_reason or (f"the same case {stop[1]} at N={stop[0]}"
+                                        f"{_why(stop[1], case)}; longer skipped")
     if reasons or guard_reason:
         row.update(status="skipped", reason="; ".join(reasons) or guard_reason)
     else:
         row.update(workers.measure(case))
-    guard.record(case.series(), case.seq_len, row.get("peak_mem_mib"))
-    if row["status"] == "timeout":
-        timed_out[case.series()] = min(case.seq_len, timed_out.get(case.series(), case.seq_len))
+    guard.record(case.series(), case.seq_len, _total_mib(row))
+    what = {"timeout": "timed out", "oom": "ran out of memory"}.get(row["status"])
+    if what and case.seq_len < stopped.get(case.series(), (case.seq_len + 1,))[0]:
+        stopped[case.series()] = (case.seq_len, what)
     samples = row.pop("samples_ms", None)
     if row["status"] != "ok":
         return row, None

@@ -167,10 +167,42 @@ def environment(threads: int) -> dict:
 
 def matmul_fp32_gflops(threads: int, n: int = 2048) -> float:
     """This machine's fp32 matmul rate: 2 n^3 / median time of an n x n matmul, on CPU."""
+    return matmul_gflops("cpu", "float32", threads, n)
+
+
+def matmul_rates(cases, threads: int, known: dict | None = None) -> dict[str, float]:
+    """"device dtype" -> matmul GFLOP/s for every (device, dtype) of the cases not in
+    `known` (CUDA only where a device is visible: the runner skips those cases otherwise)."""
     import torch
+
+    rates = dict(known or {})
+    for device, dtype in dict.fromkeys((c.device, c.dtype) for c in cases):
+        if f"{device} {dtype}" not in rates and (device != "cuda" or torch.cuda.is_available()):
+            rates[f"{device} {dtype}"] = matmul_gflops(device, dtype, threads)
+    return rates
+
+
+def matmul_gflops(device: str, dtype: str, threads: int, n: int | None = None) -> float:
+    """The matmul rate of `device` in `dtype`: 2 n^3 / median time of an n x n matmul.
+
+    CPU: n = 2048 in float32, 1024 in other dtypes (slower here: no bf16 units, float64
+    at half rate). CUDA: n = 8192, timed with CUDA events (harness.measure.timing), the
+    operands freed and the caching allocator emptied afterwards. The variants of a CUDA
+    run are set against this rate in their own dtype (tensor cores in bfloat16, not the
+    CPU's float32).
+    """
+    import torch
+    from harness.measure.memory import release
     from harness.measure.timing import time_call
 
+    dev = torch.device(device)
+    if n is None:
+        n = 8192 if dev.type == "cuda" else (2048 if dtype == "float32" else 1024)
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    t = time_call(lambda: a @ b, min_run_time=0.5, min_repeats=5, warmup=2)
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=g).to(device=dev, dtype=getattr(torch, dtype))
+            for _ in range(2))
+    t = time_call(lambda: a @ b, min_run_time=0.5, min_repeats=5, warmup=2, device=dev)
+    del a, b
+    release(dev.type)
     return 2 * n**3 / (t.time_ms * 1e6)

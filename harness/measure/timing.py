@@ -5,7 +5,7 @@ then times blocks until `min_run_time` has passed; each block gives one per-call
 A slow call may give fewer blocks than `min_repeats`; then single calls are timed (same
 clock) until there are enough, so the IQR means something; a call known to be slow skips
 autorange. CUDA work is timed per call with CUDA events after a synchronisation
-(`time_cuda_events`, DESIGN.md "How things are measured"). Inputs and modules are built
+(`time_cuda_events`; docs/measurement.md, "Time"). Inputs and modules are built
 by the caller, outside the timed region.
 """
 
