@@ -168,3 +168,34 @@ def test_rounds_key_and_flag():
     assert {c.rounds for c in mx.load("cpu")[1]} == {c.rounds for c in mx.load("scaling")[1]} == {3}
     with pytest.raises(UsageError, match="'rounds' must be at least 1"):
         mx.normalise({"rounds": 0})
+
+
+def test_report_flags_cases_whose_rounds_disagree(tmp_path):
+    from harness.report.build import write_report
+    from report_synth import META, row, write_run
+
+    rows = [row("sdpa", n, rounds=3, time_ms_spread=s)
+            for n, s in ((1024, 0.04), (4096, 0.25))]
+    rows += [row("nystrom", 4096, rounds=3, time_ms_spread=0.02),
+             row("performer", 4096, status="timeout", reason="round 2 of 3: exceeded")]
+    busy = [{"at": "2026-01-01T00:00:00+00:00", "window_s": 1.0, "cores": 2,
+             "other_cores": 0.1, "own_cores": 0.0, "load_average": [3.0, 2.0, 1.0],
+             "warn": False, "before_round": 0},
+            {"at": "2026-01-01T00:05:00+00:00", "window_s": 1.0, "cores": 2,
+             "other_cores": 1.4, "own_cores": 0.0, "load_average": [1.0, 1.0, 1.0],
+             "warn": True, "before_round": 2}]
+    folder = write_run(tmp_path / "syn", rows, {**META, "busy": busy})
+    md = write_report(folder).read_text()
+    section = md[md.index("## Timing drift between rounds"):]
+    section = section[:section.index("\n## ", 5)]
+    assert "3 case(s) timed in 3 rounds" in section and "largest 25.0%" in section
+    assert "1 case(s) exceed 10%" in section and "uncertain by that much" in section
+    flagged = [ln for ln in section.splitlines() if ln.startswith("| sdpa")]
+    assert len(flagged) == 1 and "4096" in flagged[0] and "±25%" in flagged[0]
+    assert "nystrom" not in section  # 2%: not flagged
+    assert "other work used 1.4 of 2 cores over 1 s before round 2" in section
+    assert "0.1 of 2" not in section  # a quiet sample is no warning
+
+    plain = write_run(tmp_path / "plain", [row("sdpa", 1024), row("nystrom", 1024)])
+    md = write_report(plain).read_text()  # a run without rounds (or from before them)
+    assert "No case was timed in more than one round" in md

@@ -22,7 +22,8 @@ def rounds_blocks(df: pd.DataFrame, meta: dict) -> list[tuple]:
     rounds, spread = (pd.to_numeric(df[c], errors="coerce") if c in df.columns
                       else pd.Series(float("nan"), index=df.index)
                       for c in ("rounds", "time_ms_spread"))  # runs before rounds lack them
-    timed = df[(df["status"] == "ok") & (rounds > 1)].assign(spread=spread)
+    mask = (df["status"] == "ok") & (rounds > 1)
+    timed = df[mask].assign(spread=spread[mask])  # (assign on an empty frame takes its index)
     if timed.empty:
         blocks.append(("p", "No case was timed in more than one round, so a drift of the "
                             "machine's speed between minutes would not show here: a run "
