@@ -5,6 +5,7 @@ Units are in the column names; a column that does not apply to a row is empty.
 """
 
 RESULTS = "results.csv"        # one row per measured case (`run`)
+ROUNDS = "rounds.jsonl"        # a run with rounds: each finished round of a case not yet a row
 META = "meta.json"             # the matrix as run, versions, devices, times
 MODEL_CSV = "model.csv"        # one row per (model, variant, params, seq_len) (`model`)
 MODEL_META = "model_meta.json"
@@ -20,8 +21,13 @@ EXACT_PATHS = ("sdpa", "standard")
 RESULT_COLUMNS = [
     "case_id", "variant", "family", "params", "exact", "device", "dtype", "batch", "heads",
     "head_dim", "seq_len", "causal", "pass", "input", "status", "reason", "time_ms",
-    "time_ms_iqr", "repeats", "peak_mem_mib", "state_mib", "rel_err", "max_abs_err", "err_rows",
+    "time_ms_iqr", "repeats", "rounds", "time_ms_spread", "peak_mem_mib", "state_mib", "rel_err",
+    "max_abs_err", "err_rows",
     "row_cos", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed"]
+
+# time_ms_spread: the largest relative difference between two rounds' medians,
+# (max - min) / min; above this the report flags the case (its ratios are that uncertain).
+SPREAD_FLAG = 0.10
 
 MODEL_COLUMNS = [
     "model", "variant", "family", "params", "device", "dtype", "seq_len", "windows",

@@ -10,6 +10,9 @@ A case is measured in two parts, each in its own long-lived worker process:
   time, in a worker with glibc's default malloc. The memory settings make every small
   temporary a fresh mmap and page faults then dominate chunked code (measured here:
   block_sparse forward at N=8192, H=8 took 873 ms with them and 435 ms without).
+- `retime`: the time alone, again, in the time worker: rounds 2..R of a case timed in
+  rounds (harness.measure.runner). Each round's timing takes min_run_time_s / R and at
+  least ceil(min_repeats / R) timings, after its own warm-up, and returns its samples.
 Each part caps the worker's address space during the case, so a runaway allocation is an
 `oom` result, not a swapped machine. Anything else a case raises is an `error` result with
 its message. On CUDA the caching allocator is emptied after each part, so that the memory
@@ -69,7 +72,7 @@ def _result(status: str, reason: str = "", **fields) -> dict:
     return {"status": status, "reason": reason, **fields}
 
 
-PARTS = ("memory", "time")
+PARTS = ("memory", "time", "retime")
 
 
 def run_case(case: Case, part: str) -> dict:
@@ -88,7 +91,8 @@ def run_case(case: Case, part: str) -> dict:
         if device.type == "cpu":
             memory.cap_address_space(case.mem_limit_mib)
         try:
-            measure = _measure_memory if part == "memory" else _measure_time
+            measure = {"memory": _measure_memory, "time": _measure_time,
+                       "retime": _retime}[part]
             return {**common, **measure(case, module, q, k, v, device)}
         finally:
             if device.type == "cpu":
@@ -162,12 +166,28 @@ def _measure_time(case: Case, module, q, k, v, device) -> dict:
     call_s = time.perf_counter() - start
     if case.backward and not all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)):
         return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
-    t = timing.time_call(fn, min_run_time=case.min_run_time_s, min_repeats=case.min_repeats,
-                         warmup=0, call_s=call_s, device=device)
+    timed = _timed(case, fn, call_s, device)
     if "compile_ms" in errors and module.prepare_calls:  # prepare ran the pass itself
-        errors["compile_ms"] = max(0.0, errors["compile_ms"] - module.prepare_calls * t.time_ms)
-    return _result("ok", "", time_ms=t.time_ms, time_ms_iqr=t.time_ms_iqr, repeats=t.repeats,
-                   **errors)
+        errors["compile_ms"] = max(0.0, errors["compile_ms"] - module.prepare_calls * timed["time_ms"])
+    return _result("ok", "", **timed, **errors)
+
+
+def _retime(case: Case, module, q, k, v, device) -> dict:
+    """A later round: the same preparation and warm-up, then the timing alone."""
+    _prepare(case, module, q, k, v, device)  # a compile is cached: fast after round 1
+    fn = _prepared(case, module, q, k, v)
+    start = time.perf_counter()
+    fn()  # warm-up
+    return _result("ok", "", **_timed(case, fn, time.perf_counter() - start, device))
+
+
+def _timed(case: Case, fn, call_s: float, device) -> dict:
+    """One round's timing: a 1/rounds share of the case's budget; its samples travel along."""
+    t = timing.time_call(fn, min_run_time=case.min_run_time_s / case.rounds,
+                         min_repeats=-(-case.min_repeats // case.rounds), warmup=0,
+                         call_s=call_s, device=device)
+    return {"time_ms": t.time_ms, "time_ms_iqr": t.time_ms_iqr, "repeats": t.repeats,
+            "samples_ms": list(t.samples_ms)}
 
 
 def _prepared(case: Case, module, q, k, v):

@@ -20,10 +20,12 @@ from harness.report import model as report_model
 from harness.report import tables as T
 from harness.report import provenance
 from harness.report.implementations import implementations_blocks
+from harness.report.rounds import rounds_blocks
 from harness.report.folder import SETTING, load_run, short_labels
 
-SECTIONS = ("Answers", "Error per layer on captured inputs", "Empirical complexity",
-            "Crossover lengths", "Implementations", "Time, memory and error by length",
+SECTIONS = ("Answers", "Timing drift between rounds", "Error per layer on captured inputs",
+            "Empirical complexity", "Crossover lengths", "Implementations",
+            "Time, memory and error by length",
             "Scaling plots", "Pareto front: error against time", "Achieved GFLOP/s",
             "Cases not measured", "Variant settings", "Environment")
 
@@ -117,6 +119,7 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
               "memory is the peak above the inputs (MiB), error is ||o - o_ref||_F / ||o_ref||_F "
               "(rel_err) and row_cos the mean cosine of o's rows to o_ref's.")]
     _answers(df, view, blocks)
+    blocks += rounds_blocks(df, meta)
 
     tables = RC.layer_tables(df)
     blocks += [("h", 2, "Error per layer on captured inputs"),
