@@ -11,6 +11,7 @@ peak memory and error are taken, into results.csv.
     store.py         a run folder's results.csv and meta.json: append, resume, environment
     estimate.py      a case's predicted cost (the dry-run plan, the shard split)
     repeatability.py the same cases measured twice (`python -m harness.measure.repeatability`)
+    maps.py          the attention maps of one head, after a run and for `maps` (maps.npz)
 
 May import harness.models (captured inputs) and harness.files; imported by harness.cli,
 harness.cluster and harness.drift.

@@ -9,6 +9,7 @@ report.md, report.html and plots/; compares two runs. It never measures.
     model.py           the "Model drift" section (model.csv)
     provenance.py      where a sharded run's cases ran (meta.json's shard records)
     plots.py           the PNG plots
+    maps.py            the attention-map grid (maps.npz), the report's first section
     build.py           the report itself (`write_report`) and its sections
     compare.py         two runs side by side (`compare_runs`)
 
