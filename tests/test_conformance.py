@@ -185,3 +185,34 @@ def test_exact_variants_match_the_float64_reference(name, N, shape, causal, dtyp
         base = _rel_err(naive_attention(q, k, v, causal, key_mask=mask), ref)
         err = _rel_err(m(q, k, v, causal=causal), ref)
     assert err <= 2 * base + torch.finfo(dtype).eps, (err, base)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", NAMES)
+def test_weights_times_v_is_the_output(name, causal):
+    """A map cannot lie: weights(q, k) @ v equals forward(q, k, v), causal and not, in
+    float64 where the variant takes it (float32 otherwise, to its rounding); causal maps
+    put no weight on the future. Above the size limit every variant refuses."""
+    m = variants.build(name)
+    assert any("4096" in r for r in m.weights_reasons(device="cpu", dtype=torch.float32,
+                                                      causal=causal, seq_len=4097,
+                                                      head_dim=16))
+    wide = not m.unsupported_reasons(device="cpu", dtype=torch.float64, causal=causal,
+                                     seq_len=N_GENERIC, head_dim=16)
+    dtype = torch.float64 if wide else torch.float32
+    q, k, v = qkv(dtype=dtype)
+    reasons = m.weights_reasons(device=q.device, dtype=dtype, causal=causal,
+                                seq_len=N_GENERIC, head_dim=16)
+    if reasons:
+        with pytest.raises(ValueError) as e:
+            m.weights(q, k, causal)
+        assert reasons[0] in str(e.value)
+        pytest.skip(f"declared unsupported: {'; '.join(reasons)}")
+    with torch.no_grad():
+        w = m.weights(q, k, causal)
+        o = m(q, k, v, causal=causal)
+    assert w.shape == (3, 3, N_GENERIC, N_GENERIC) and w.dtype == dtype
+    tol = 1e-9 if wide else 2e-5
+    torch.testing.assert_close(w @ v, o, rtol=tol, atol=tol)
+    if causal:
+        assert bool((w.triu(1) == 0).all())

@@ -3,6 +3,7 @@
     run.py     `run` (a matrix, serial or sharded; --dry-run) and `list`
     model.py   `model` (drift of a pretrained model under each variant)
     report.py  `report` and `compare`
+    maps.py    `maps` (the attention-map grid of one head)
 
 May import every other subpackage (it decides, for instance, to write the report after a
 sharded run finished); imported only by run_bench.py.

@@ -20,6 +20,7 @@ from tabulate import tabulate
 import variants
 from harness.models import capture
 from harness.measure import estimate
+from harness.measure import maps
 from harness.cluster import executors
 from harness.cluster import sharded
 from harness.cluster import shards
@@ -127,13 +128,17 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
     resume = store.check(matrix)
     capture.prepare(cases)  # captured inputs: once, cached, before anything is measured
     if settings.kind != "serial":
-        return sharded.run(matrix, cases, store, resume, settings, _rerun(argv, run_id))
-    if resume:
-        sharded.merge_before_serial(store, cases)
-    counts = runner.run(matrix, cases, store, resume=resume)
-    print(runner.summary_line(len(cases), counts, len(cases) - sum(counts.values()),
-                              store.folder))
-    return store.folder
+        out = sharded.run(matrix, cases, store, resume, settings, _rerun(argv, run_id))
+    else:
+        if resume:
+            sharded.merge_before_serial(store, cases)
+        counts = runner.run(matrix, cases, store, resume=resume)
+        print(runner.summary_line(len(cases), counts, len(cases) - sum(counts.values()),
+                                  store.folder))
+        out = store.folder
+    if not isinstance(out, int):  # every case has its row: the attention maps of the run
+        maps.write(out, cases)
+    return out
 
 
 def _rerun(argv: list[str] | None, run_id: str) -> str:

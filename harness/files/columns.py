@@ -9,6 +9,7 @@ ROUNDS = "rounds.jsonl"        # a run with rounds: each finished round of a cas
 META = "meta.json"             # the matrix as run, versions, devices, times
 MODEL_CSV = "model.csv"        # one row per (model, variant, params, seq_len) (`model`)
 MODEL_META = "model_meta.json"
+MAPS = "maps.npz"              # attention maps of one head (`run`, `maps`): harness.measure.maps
 
 # The exact variants every other one is set against (the report's "x sdpa" ratios, the
 # drift baseline), fastest first.

@@ -13,6 +13,7 @@ peak memory and error are taken, into results.csv.
     estimate.py      a case's predicted cost (the dry-run plan, the shard split)
     repeatability.py drift between runs, with and without rounds (`python -m harness.measure.repeatability`)
     roofline.py      our variants against the machine's matmul rate (`python -m harness.measure.roofline`)
+    maps.py          the attention maps of one head, after a run and for `maps` (maps.npz)
 
 May import harness.models (captured inputs) and harness.files; imported by harness.cli,
 harness.cluster and harness.drift.

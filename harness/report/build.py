@@ -16,6 +16,7 @@ import pandas as pd
 
 from harness.report import plots
 from harness.report import captured as RC
+from harness.report import maps as report_maps
 from harness.report import model as report_model
 from harness.report import tables as T
 from harness.report import provenance
@@ -23,7 +24,7 @@ from harness.report.implementations import implementations_blocks
 from harness.report.rounds import rounds_blocks
 from harness.report.folder import SETTING, load_run, short_labels
 
-SECTIONS = ("Answers", "Timing drift between rounds", "Error per layer on captured inputs",
+SECTIONS = ("Attention maps", "Answers", "Timing drift between rounds", "Error per layer on captured inputs",
             "Empirical complexity", "Crossover lengths", "Implementations",
             "Time, memory and error by length",
             "Scaling plots", "Pareto front: error against time", "Achieved GFLOP/s",
@@ -118,6 +119,7 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
               + ", ".join(f"{s} {n}" for s, n in counts.items()) + ". Times are medians (ms), "
               "memory is the peak above the inputs (MiB), error is ||o - o_ref||_F / ||o_ref||_F "
               "(rel_err) and row_cos the mean cosine of o's rows to o_ref's.")]
+    blocks += report_maps.maps_blocks(run_dir)
     _answers(df, view, blocks)
     blocks += rounds_blocks(df, meta)
 
