@@ -47,6 +47,11 @@ CLAIMS = [
     ("nystrom", {"num_landmarks": N - 1, "pinv_iterations": 0}, N, False, False),
     ("linear", {}, N, False, False),
     ("performer", {"num_features": 512}, N, False, False),
+    ("scatterbrain", {"window": N - 1}, N, False, True),
+    ("scatterbrain", {"window": N - 1}, N, True, True),
+    ("scatterbrain", {"window": N - 2}, N, False, False),
+    ("longshort", {"window": N - 1}, N, True, True),
+    ("longshort", {"window": N - 2, "segment": 16}, N, False, False),
 ]
 
 
