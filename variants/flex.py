@@ -118,6 +118,23 @@ def block_mask(touched: torch.Tensor, full: torch.Tensor, block: int, N: int,
     return bm
 
 
+def kernel_options(block: int, device: torch.device) -> dict | None:
+    """Triton tile sizes that divide the BlockMask's block, on CUDA; None (the library's
+    defaults) elsewhere or where the block is a multiple of 128.
+
+    flex_attention's CUDA kernels tile the sequence in 128 (forward) and 64 or 128
+    (backward) rows by default and refuse a BlockMask whose blocks those tiles do not
+    divide ("Q and KV block size must be divisible by BLOCK_M and BLOCK_N", seen on an
+    H200 with block_sparse's 64-token blocks); smaller tiles that divide the block keep the
+    layout as it is.
+    """
+    if device.type != "cuda" or block % 128 == 0:
+        return None
+    fwd, bwd = math.gcd(block, 64), math.gcd(block, 32)
+    return {"BLOCK_M": fwd, "BLOCK_N": fwd, "BLOCK_M1": bwd, "BLOCK_N1": bwd,
+            "BLOCK_M2": bwd, "BLOCK_N2": bwd}
+
+
 class _Flex(Variant):
     paper = PAPER
     compiles = True
@@ -211,7 +228,8 @@ class _Flex(Variant):
             torch._dynamo.maybe_mark_dynamic(t, 2)
         with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT,
                                         fail_on_recompile_limit_hit=True):
-            return _compiled_flex()(q, k, v, block_mask=bm)
+            return _compiled_flex()(q, k, v, block_mask=bm,
+                                    kernel_options=kernel_options(self._block(), q.device))
 
 
 @register
