@@ -245,6 +245,24 @@ def test_a_dead_job_uses_the_chance_of_the_case_it_was_on(tmp_path, monkeypatch)
     assert len(shards.read_jobs(folder)) == 4
 
 
+def test_a_requeued_job_leaves_alone_what_a_newer_job_holds(tmp_path):
+    folder = tmp_path / "run"
+    shards.write_jobs(folder, [{"shard": 0, "job_id": "1_0", "executor": "slurm",
+                                "cases": ["a" * 16, "b" * 16]}])
+    assert not shards.taken_elsewhere(folder, "b" * 16, 0)
+    # shard 0's job ended (COMPLETING), b went to shard 2; then Slurm ran shard 0 again
+    shards.write_jobs(folder, shards.read_jobs(folder) + [
+        {"shard": 2, "job_id": "3", "executor": "slurm", "cases": ["b" * 16]}])
+    assert shards.taken_elsewhere(folder, "b" * 16, 0)
+    assert not shards.taken_elsewhere(folder, "a" * 16, 0)
+    assert not shards.taken_elsewhere(folder, "b" * 16, 2)  # the newest holder measures it
+    with (folder / "results.csv").open("w", newline="") as f:  # a was given up on: a row
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerow({"case_id": "a" * 16, "status": "error"})
+    assert shards.taken_elsewhere(folder, "a" * 16, 0)
+
+
 @needs_slurm
 def test_refused_submission_exits_2_writes_nothing(tmp_path, capsys):
     cfg = tmp_path / "tiny.toml"
