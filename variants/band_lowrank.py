@@ -54,7 +54,7 @@ from .linear_core import lagged_kernel_flops, lagged_kernel_sum
 from .linformer import segment_means, segment_sizes
 from .registry import register
 from .sliding_window import (MaskCache, band_drop_mask, band_mask, band_span, band_views,
-                             group_chunks)
+                             group_chunks, window_covers)
 
 # Chunk rows of the far field's prefix sums (2 C m + 4 m D FLOPs per row and direction; 64
 # balances the two for m = 128, D = 64).
@@ -92,6 +92,10 @@ class Scatterbrain(Variant):
         self.features = Performer(PerformerParams(num_features=p.num_features, orthogonal=True,
                                                   seed=p.seed))
         self._masks = MaskCache()
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        # A band over every pair leaves no far field: exact softmax attention.
+        return window_covers(self.params.window, seq_len)
 
     def _far(self, q, k, v, w, causal):
         """The far field's [numerator | denominator] sums (B, H, N, D + 1) with shifted
@@ -207,6 +211,10 @@ class LongShort(Variant):
     def __init__(self, params=None):
         super().__init__(params)
         self._masks = MaskCache()
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        # A band over every pair leaves no far field: exact softmax attention.
+        return window_covers(self.params.window, seq_len)
 
     def _segments(self, N: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(first token, last token) of each of the min(segment, N) segments, CPU longs."""

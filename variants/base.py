@@ -49,6 +49,9 @@ class Variant(torch.nn.Module):
     # Runs a torch.compile'd kernel: each new dtype, pattern, causal flag (and the first
     # length) compiles for seconds, in `prepare`. Tests give such variants few shapes.
     compiles: ClassVar[bool] = False
+    # Calls of the measured pass that `prepare` makes (a compile runs the kernel once):
+    # the harness subtracts that many steady-state calls from `compile_ms`.
+    prepare_calls: ClassVar[int] = 0
 
     def __init__(self, params=None):
         super().__init__()
@@ -100,11 +103,22 @@ class Variant(torch.nn.Module):
         """One-time work for this case before anything is timed; True when there was some.
 
         Library kernels compile here (torch.compile) and build their masks for q's length
-        and device; the harness times this call into `compile_ms`, never into `time_ms`.
-        `backward`: the case also runs the backward pass (compile that too). The default
-        does nothing and returns False (the harness then leaves `compile_ms` empty).
+        and device; the harness times this call, less `prepare_calls` steady-state calls,
+        into `compile_ms`, never into `time_ms`. `backward`: the case also runs the
+        backward pass (compile that too). The default does nothing and returns False (the
+        harness then leaves `compile_ms` empty).
         """
         return False
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        """Whether this setting computes exact softmax attention at this length.
+
+        True for exact variants; an approximate one says True where its setting covers
+        every (query, key) pair (a window >= N - 1, a layout of every block, one landmark
+        or segment per token), so that the report never offers it as an approximation.
+        The default: the class's `exact`.
+        """
+        return self.exact
 
     # -- the attention weights it implies ------------------------------------------
     def weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:

@@ -93,6 +93,11 @@ class Linformer(Variant):
                     f"(projects to more rows than there are keys)"]
         return []
 
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        # One segment per token: every key is its own pooled key (the module docstring).
+        # Gaussian projections mix keys at any k.
+        return self.params.projection == "mean_pool" and self.params.k >= seq_len
+
     # -- cached per length state -----------------------------------------------------
     def projections(self, N: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The gaussian (E, F), each (k, N), drawn from `seed` on first use of this key."""

@@ -75,6 +75,11 @@ class Nystrom(Variant):
             return [f"nystrom num_landmarks={m} exceeds the sequence length N={seq_len}"]
         return []
 
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        # Landmarks are the tokens themselves: F A^+ B = A A^+ A = A with the exact
+        # pseudo-inverse; the iterative one only approaches it.
+        return self.params.num_landmarks >= seq_len and self.params.pinv_iterations == 0
+
     def factors(self, q: torch.Tensor, k: torch.Tensor):
         """(F (B, H, N, m), A^+ (B, H, m, m) in the work dtype, B (B, H, m, N)): the attention
         map is F A^+ B."""

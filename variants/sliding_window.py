@@ -52,6 +52,11 @@ def band_mask(window: int) -> KeyMask:
     return allowed
 
 
+def window_covers(window: int, N: int) -> bool:
+    """Whether the band |i - j| <= window holds every pair of N positions (exact attention)."""
+    return window >= N - 1
+
+
 def chunk_rows(window: int, N: int) -> int:
     """Query rows per chunk for this window and length."""
     c = min(max(window // 2, _MIN_CHUNK), _MAX_CHUNK)
@@ -136,6 +141,9 @@ class SlidingWindow(Variant):
 
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        return window_covers(self.params.window, seq_len)
 
     def flops(self, B, H, N, D, causal=False):
         """FLOPs of the blocked scheme as computed: every chunk scores its whole key span.

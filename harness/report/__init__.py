@@ -8,6 +8,7 @@ report.md, report.html and plots/; compares two runs. It never measures.
     implementations.py library kernels beside ours
     model.py           the "Model drift" section (model.csv)
     provenance.py      where a sharded run's cases ran (meta.json's shard records)
+    rounds.py          cases whose timing rounds disagree, other work seen on the cores
     plots.py           the PNG plots
     maps.py            the attention-map grid (maps.npz), the report's first section
     build.py           the report itself (`write_report`) and its sections
