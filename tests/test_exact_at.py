@@ -52,6 +52,9 @@ CLAIMS = [
     ("scatterbrain", {"window": N - 2}, N, False, False),
     ("longshort", {"window": N - 1}, N, True, True),
     ("longshort", {"window": N - 2, "segment": 16}, N, False, False),
+    ("longshort", {"window": 5, "segment": N}, N, False, True),  # one token per segment
+    ("longshort", {"window": 5, "segment": N}, N, True, True),
+    ("longshort", {"window": 5, "segment": N - 1}, N, True, False),
 ]
 
 

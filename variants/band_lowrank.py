@@ -213,8 +213,9 @@ class LongShort(Variant):
         self._masks = MaskCache()
 
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
-        # A band over every pair leaves no far field: exact softmax attention.
-        return window_covers(self.params.window, seq_len)
+        # A band over every pair leaves no far field; one segment per token makes every
+        # summary a key of its own (log 1 = 0): exact softmax attention either way.
+        return window_covers(self.params.window, seq_len) or self.params.segment >= seq_len
 
     def _segments(self, N: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(first token, last token) of each of the min(segment, N) segments, CPU longs."""

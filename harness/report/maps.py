@@ -117,10 +117,16 @@ def _wrap(label: str, width: int = 34) -> str:
     return head + "\n" + (tail if len(tail) <= width else tail[:width - 1] + "…")
 
 
+def _sci(x: float) -> str:
+    """1e-06 -> '1e-6'."""
+    mantissa, _, exp = f"{x:.0e}".partition("e")
+    return f"{mantissa}e{int(exp)}" if int(exp) else mantissa
+
+
 INTRO = ("Exact attention's weights, then each variant's (the map it implies: its "
          "`weights(q, k)`, whose product with v is its output), and beside each the "
          "absolute difference from exact, all on one logarithmic colour scale from "
-         f"{VMIN:g} (black: below) to {VMAX:g}. Titles give the mean row cosine of the "
+         f"{_sci(VMIN)} (black: below) to {_sci(VMAX)}. Titles give the mean row cosine of the "
          "variant's output to exact attention's on this head. Maps are block means at "
          "most 256 x 256 (2 x 2 tokens at N = 512); negative weights are drawn by magnitude.")
 
@@ -136,7 +142,8 @@ def maps_blocks(run_dir: Path) -> list[tuple]:
     meta, arrays = load(path)
     png = draw(meta, arrays, Path(run_dir) / "plots" / "attention_maps.png")
     skipped = [f"{r['label']}: {r['reason']}" for r in meta["variants"] if r["status"] != "ok"]
-    blocks += [("p", f"{describe(meta).capitalize()}. {INTRO}"),
+    about = describe(meta)
+    blocks += [("p", f"{about[0].upper()}{about[1:]}. {INTRO}"),
                ("img", png, f"attention maps, {describe(meta)}")]
     if skipped:
         blocks.append(("p", "No map: " + "; ".join(skipped) + "."))
