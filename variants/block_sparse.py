@@ -116,6 +116,9 @@ class BlockSparse(Variant):
             return in_layout(lay.to(i.device), b, i[:, None], j[None, :])  # (c, n)
         return allowed
 
+    def state_size(self, N, D):
+        return 2 * N * D  # random and global blocks reach any past key: the whole cache
+
     def flops(self, B, H, N, D, causal=False):
         """4 b^2 D per nonzero block of the layout (causal: blocks with j <= i) and head.
 

@@ -118,6 +118,9 @@ class Linear(Variant):
     def flops(self, B, H, N, D, causal=False):
         return B * H * core_flops(N, D, D, causal, _CHUNK_LINEAR)
 
+    def state_size(self, N, D):
+        return D * D + D  # sum_j phi(k_j) v_j^T (D x D) and sum_j phi(k_j) (D)
+
 
 @dataclasses.dataclass(frozen=True)
 class PerformerParams:
@@ -223,6 +226,10 @@ class Performer(Variant):
             o = kernel_attention(q, k, v, phi_q, phi_k, eps,
                                  rows=block_rows(B, H, self.params.num_features))
         return o.to(q.dtype)
+
+    def state_size(self, N, D):
+        m = self.params.num_features
+        return m * D + m  # sum_j phi(k_j) v_j^T (m x D) and sum_j phi(k_j) (m)
 
     def flops(self, B, H, N, D, causal=False):
         m = self.params.num_features

@@ -83,6 +83,9 @@ class SlidingWindow(Variant):
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
 
+    def state_size(self, N, D):
+        return 2 * min(self.params.window + 1, N) * D  # the cache of the window's keys, values
+
     def flops(self, B, H, N, D, causal=False):
         """FLOPs of the blocked scheme as computed: every chunk scores its whole key span.
 
