@@ -6,8 +6,8 @@ here, so a writer and the report never disagree about a column.
 """
 
 from harness.files.columns import (EXACT_PATHS, META, MODEL_COLUMNS, MODEL_CSV, MODEL_META, RESULT_COLUMNS,
-                                   RESULTS)
+                                   RESULTS, TRAIN_COLUMNS, TRAIN_CSV, TRAIN_META)
 from harness.files.csvlog import CsvLog, now, write_json
 
 __all__ = ["EXACT_PATHS", "META", "MODEL_COLUMNS", "MODEL_CSV", "MODEL_META", "RESULT_COLUMNS", "RESULTS",
-           "CsvLog", "now", "write_json"]
+           "TRAIN_COLUMNS", "TRAIN_CSV", "TRAIN_META", "CsvLog", "now", "write_json"]

@@ -264,6 +264,9 @@ def _resolve_variants(spec, params: dict, where: str, errors: list[str]) -> dict
     return out
 
 
+resolve_variants = _resolve_variants  # the training matrix (harness.train.matrix) takes it too
+
+
 def expand(matrix: dict) -> list[Case]:
     """Every case of a normalised matrix, seq_len innermost and ascending, deduplicated."""
     cases: dict[str, Case] = {}
