@@ -62,6 +62,7 @@ _KEYS: dict[str, tuple[object, str]] = {
     "mem_limit_mib": (0, "int0"),
 }
 DEVICES = ("cpu", "cuda")
+_BENCHMARK_ONLY = {"passes", "inputs", "dtypes", "devices", "head_dim", "min_run_time_s"}
 # Fields that make a configuration: its id is their hash. Run settings (threads, the time
 # limit, the memory cap) are not in it, so runs on different machines compare row by row.
 KEY_FIELDS = ("task", "task_params", "variant", "params", "seq_len", "vocab_size", "causal",
@@ -296,5 +297,9 @@ def load(source: str, overrides: dict | None = None) -> tuple[dict, list[TrainCo
     """Read, check and expand a train preset or TOML file: (normalised matrix, configs)."""
     raw = read_toml(source)
     raw.pop("executor", None)  # how to run it (harness.cluster.executors), not what is run
+    if _BENCHMARK_ONLY & set(raw):  # a preset of `run` handed to `train`: say so, in short
+        raise UsageError(f"{source} is a benchmark matrix (for `run_bench.py run`); `train` "
+                         "takes a training matrix: train-quick, train-cpu, train-gpu or a "
+                         "file like them")
     matrix = normalise(raw, overrides)
     return matrix, expand(matrix)
