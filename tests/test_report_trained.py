@@ -45,7 +45,8 @@ def _row(variant, n, acc=None, status="ok", reason=""):
             "best_lr": 0.003 if ok else None, "lr_accuracy": "{}", "steps": 100 if ok else None,
             "time_to_best_s": 1.0 if ok else None, "steps_to_0_9": 100 if ok else None,
             "step_ms": step if ok else None, "train_s": 5.0, "final_loss": 0.1 if ok else None,
-            "n_params": 1000 if ok else None, "state_size": None, "chance": 1 / 32, "seed": 0,
+            "n_params": 1000 if ok else None, "state_size": None, "chance": 1 / 32,
+            "reach": 0.25 if variant == "sliding_window" else None, "seed": 0,
             "threads": 1}
 
 

@@ -101,3 +101,39 @@ def test_state_size_grows_with_n_only_for_a_full_cache():
     assert perf.state_size(64, D) == 32 * D + 32
     assert variants.build("linformer").state_size(64, D) is None
     assert variants.build("nystrom").state_size(64, D) is None
+
+
+
+def _reach(variant, params, causal=True, layers=1, N=64):
+    import json
+
+    from harness.train.matrix import TrainConfig
+    from harness.train.runner import reach
+
+    c = TrainConfig("mqar", json.dumps({"num_kv_pairs": 8, "power_a": 0.01,
+                                        "random_non_queries": False}, sort_keys=True),
+                    variant, json.dumps(params), N, 64, causal, 32, layers, 2, False, (1e-3,),
+                    8, 10, 0.1, 0.1, 5, 0.99, 50, 200, 0, "cpu", 1, 10.0, 0)
+    return reach(c, variants.build(variant, **params))
+
+
+def test_reach_is_the_share_of_answers_a_pattern_can_see():
+    """Independent of the pattern code: a window sees an answer iff it is at most `window`
+    positions back; the convolution adds two."""
+    from harness.train.tasks import mqar
+
+    x, y = mqar(200, 64, 64, 8, seed=1)  # the held-out set of seed 0
+    dist = []
+    for row, lab in zip(x.tolist(), y.tolist()):
+        first = {}
+        for i, t in enumerate(row):
+            first.setdefault(t, i)
+        dist += [i - first[row[i]] - 1 for i, label in enumerate(lab) if label != -100]
+    for w in (0, 4, 16):
+        share = sum(d <= max(w, 2) for d in dist) / len(dist)
+        assert _reach("sliding_window", {"window": w}) == pytest.approx(share)
+    assert _reach("sliding_window", {"window": 64}) == 1.0
+    assert _reach("sliding_window", {"window": 4}, causal=False) == _reach(
+        "sliding_window", {"window": 4})  # answers are never ahead of their query
+    assert _reach("sdpa", {}) is None and _reach("linear", {}) is None
+    assert _reach("sliding_window", {"window": 4}, layers=2) is None

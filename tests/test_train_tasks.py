@@ -132,3 +132,12 @@ def test_the_registry_knows_mqar_and_refuses_duplicates():
         tasks.register(task)
     with pytest.raises(ValueError, match="unknown task"):
         tasks.get("nope")
+
+
+def test_answer_at_points_at_the_value_of_the_queried_key():
+    x, y = mqar(100, 64, 64, 8, seed=4)
+    at = tasks.get("mqar").answer_at(x, y)
+    assert torch.equal(at >= 0, y != IGNORE)
+    rows, cols = (at >= 0).nonzero(as_tuple=True)
+    assert torch.equal(x[rows, at[rows, cols]], y[rows, cols])  # the answer's own token
+    assert torch.equal(x[rows, at[rows, cols] - 1], x[rows, cols])  # right after the key

@@ -30,10 +30,12 @@ MODEL_COLUMNS = [
 # the best held-out accuracy over the learning rates tried (0..1); steps, time_to_best_s,
 # step_ms and final_loss belong to the run of the winning rate (best_lr); train_s is the
 # wall time of the whole sweep; lr_accuracy is JSON {lr: accuracy or status}; chance is the
-# accuracy of a model that reads nothing (the task's floor).
+# accuracy of a model that reads nothing (the task's floor); reach, for a variant with a fixed
+# key pattern (windows, block layouts) in one layer, the share of held-out queries whose
+# answer it can see (its ceiling).
 TRAIN_COLUMNS = [
     "config_id", "task", "task_params", "variant", "family", "params", "seq_len",
     "num_kv_pairs", "vocab_size", "causal", "d_model", "layers", "heads", "mlp", "batch",
     "max_steps", "device", "status", "reason", "accuracy", "best_lr", "lr_accuracy", "steps",
     "time_to_best_s", "steps_to_0_9", "step_ms", "train_s", "final_loss", "n_params",
-    "state_size", "chance", "seed", "threads"]
+    "state_size", "chance", "reach", "seed", "threads"]

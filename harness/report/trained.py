@@ -28,7 +28,7 @@ SETTING = ["task", "task_params", "seq_len", "num_kv_pairs", "vocab_size", "caus
 KEY = ["variant", "params", *SETTING]
 _NUMERIC = ["seq_len", "vocab_size", "d_model", "layers", "heads", "accuracy", "best_lr",
             "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s", "final_loss",
-            "n_params", "state_size", "chance", "num_kv_pairs"]
+            "n_params", "state_size", "chance", "reach", "num_kv_pairs"]
 
 
 def _bool(v) -> bool:
@@ -132,6 +132,7 @@ def detail_table(df: pd.DataFrame) -> pd.DataFrame:
                          "final loss": f"{r['final_loss']:.3g}",
                          "state size": "–" if pd.isna(r["state_size"])
                          else str(int(r["state_size"])),
+                         "reach": "–" if pd.isna(r["reach"]) else f"{r['reach']:.3f}",
                          "lr: accuracy": r["lr_accuracy"]})
     return pd.DataFrame(rows)
 
@@ -224,7 +225,9 @@ def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list
             ("p", "Lines join the mean over settings that share an x value. How each "
                   "configuration trained (the winning learning rate, the steps to the best "
                   "and to 0.9, the median training step, the whole sweep's wall time, the "
-                  "state a causal decoder keeps per example):"),
+                  "state a causal decoder keeps per example, and for a fixed key pattern "
+                  "(windows, block layouts) in one layer its reach: the share of held-out "
+                  "queries whose answer it can see, its ceiling but for guesses):"),
             ("table", detail_table(tr))]
     if not timed.empty:
         blocks += [("h", 3, "Accuracy against forward time"),

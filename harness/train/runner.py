@@ -29,7 +29,10 @@ from harness.measure.runner import NO_CUDA, STATUSES, Worker
 from harness.measure.store import environment, now
 from harness.train import tasks
 from harness.train.matrix import TrainConfig
+from harness.train.model import CONV_KERNEL
 from harness.train.store import TrainStore
+
+CONV_REACH = CONV_KERNEL - 1  # the short convolution reads this many positions back
 
 WORKER = "harness.train.worker"
 # When no rate ran ok, the row takes the most telling failure: an error is a bug to read,
@@ -53,7 +56,33 @@ def config_row(config: TrainConfig, module) -> dict:
             "device": config.device, "seed": config.seed, "threads": config.threads,
             # a decoder's state per example: every layer's heads (Based's "state size")
             "state_size": None if state is None else config.layers * config.heads * state,
-            "chance": task.chance(config.seq_len, config.vocab_size, **config.task_param_dict)}
+            "chance": task.chance(config.seq_len, config.vocab_size, **config.task_param_dict),
+            "reach": reach(config, module)}
+
+
+def reach(config: TrainConfig, module) -> float | None:
+    """For a one-layer model whose variant attends over a fixed key pattern (its `key_mask`:
+    windows, block layouts), the share of held-out queries whose answer lies inside the
+    pattern seen from the query, or within the short convolution's reach of it: the recall
+    it can reach by reading; the other queries it can only guess. None for other variants
+    (no pattern, or more layers, which can relay)."""
+    mask = module.key_mask(config.seq_len) if config.layers == 1 else None
+    if mask is None:
+        return None
+    task = tasks.get(config.task)
+    inputs, labels = task.generate(config.test_examples, seq_len=config.seq_len,
+                                   vocab_size=config.vocab_size, seed=2 * config.seed + 1,
+                                   **config.task_param_dict)  # the held-out set (trainer)
+    at = task.answer_at(inputs, labels)
+    rows, cols = (at >= 0).nonzero(as_tuple=True)
+    if len(rows) == 0:
+        return None
+    N = config.seq_len
+    seen = mask(torch.arange(N), torch.arange(N))  # (N, N): query i sees key j
+    if config.causal:
+        seen = seen & torch.ones(N, N, dtype=torch.bool).tril()
+    near = (cols - at[rows, cols]).abs() <= CONV_REACH
+    return float((seen[cols, at[rows, cols]] | near).float().mean())
 
 
 def skip_reasons(config: TrainConfig, module) -> list[str]:

@@ -34,6 +34,9 @@ class Task:
     problems: Callable[..., list[str]]
     # (seq_len, vocab_size, **params) -> the accuracy of a model that reads nothing
     chance: Callable[..., float]
+    # (inputs, labels) -> for each scored position, the position where its answer was
+    # written (MQAR: the value after the first occurrence of the queried key); -1 elsewhere
+    answer_at: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     non_causal_ok: bool  # True: no answer is in the input after its scored position
 
 
@@ -147,6 +150,18 @@ def mqar(num_examples: int, seq_len: int, vocab_size: int, num_kv_pairs: int, *,
     return inputs, labels
 
 
+def mqar_answer_at(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(n, N): at each query, the position of its key's value in the pairs; -1 elsewhere."""
+    scored = labels != IGNORE
+    first = torch.full_like(inputs, -1)
+    for e in range(len(inputs)):  # first occurrence of each token, then that position + 1
+        row, seen = inputs[e].tolist(), {}
+        for i, tok in enumerate(row):
+            seen.setdefault(tok, i)
+        first[e] = torch.tensor([seen[t] + 1 for t in row])
+    return torch.where(scored, first, torch.full_like(first, -1))
+
+
 def mqar_chance(seq_len: int, vocab_size: int, num_kv_pairs: int, **_) -> float:
     """Accuracy of a model that reads nothing but the query's own position: the best it can
     do is a uniform guess among the vocab_size - vocab_size // 2 values."""
@@ -162,5 +177,6 @@ register(Task(
         num_examples, seq_len, vocab_size, seed=seed, **p),
     problems=mqar_problems,
     chance=mqar_chance,
+    answer_at=mqar_answer_at,
     non_causal_ok=True,
 ))
