@@ -82,8 +82,8 @@ def plan(configs: list[tm.TrainConfig], n_shards: int = 1) -> int:
     if n_shards > 1:
         from harness.cluster import shards
 
+        cost = {c.config_id: t for c, t in costs}
         for i, part in enumerate(shards.split(costs, n_shards, unit=lambda c: c.config_id)):
-            cost = dict((c.config_id, t) for c, t in costs)
             print(f"  shard {i}: {len(part)} configurations, estimate "
                   f"{sum(cost[c.config_id] for c in part) / 60:.1f} min")
     return 0

@@ -1,4 +1,4 @@
-"""The report: reads run folders (results.csv, model.csv, meta.json) and writes
+"""The report: reads run folders (results.csv, model.csv, train.csv, meta.json) and writes
 report.md, report.html and plots/; compares two runs. It never measures.
 
     folder.py          loading a run folder, labels, the case key
@@ -7,6 +7,7 @@ report.md, report.html and plots/; compares two runs. It never measures.
     captured.py        the view of captured (real-model) inputs
     implementations.py library kernels beside ours
     model.py           the "Model drift" section (model.csv)
+    trained.py         the "Quality when trained" section and its Answers line (train.csv)
     provenance.py      where a sharded run's cases ran (meta.json's shard records)
     plots.py           the PNG plots
     build.py           the report itself (`write_report`) and its sections
