@@ -3,8 +3,6 @@ the file alone, and the `maps` command."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import matplotlib.image
 import numpy as np

@@ -173,6 +173,13 @@ class Variant(torch.nn.Module):
         """Analytic forward FLOPs (2 per multiply-add, matmuls only)."""
         raise NotImplementedError
 
+    def state_size(self, N: int, D: int) -> int | None:
+        """Numbers a causal decoder keeps per (batch, head) to produce the output after N
+        tokens: its key-value cache or its recurrent state (the "state size" the recall
+        studies plot accuracy against; Based, Arora et al. 2024). None where the variant
+        does not say (it cannot decode causally, or nobody wrote it down)."""
+        return None
+
     def memory_bytes(self, B: int, H: int, N: int, D: int, dtype: torch.dtype,
                      backward: bool = False) -> int | None:
         """Predicted peak extra bytes of one call, where the variant can say; else None.

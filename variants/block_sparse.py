@@ -130,6 +130,9 @@ class BlockSparse(Variant):
         lay = self._layout(seq_len)
         return bool(lay.tril().eq(torch.ones_like(lay).tril()).all() if causal else lay.all())
 
+    def state_size(self, N, D):
+        return 2 * N * D  # random and global blocks reach any past key: the whole cache
+
     def flops(self, B, H, N, D, causal=False):
         """4 b^2 D per nonzero block of the layout (causal: blocks with j <= i) and head.
 

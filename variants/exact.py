@@ -25,6 +25,9 @@ class _Exact(Variant):
         full = 4 * B * H * N * N * D
         return full // 2 if causal else full
 
+    def state_size(self, N, D):
+        return 2 * N * D  # the key-value cache
+
 
 @register
 class Standard(_Exact):

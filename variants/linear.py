@@ -123,6 +123,9 @@ class Linear(Variant):
     def flops(self, B, H, N, D, causal=False):
         return B * H * core_flops(N, D, D, causal, _CHUNK_LINEAR)
 
+    def state_size(self, N, D):
+        return D * D + D  # sum_j phi(k_j) v_j^T (D x D) and sum_j phi(k_j) (D)
+
 
 @dataclasses.dataclass(frozen=True)
 class PerformerParams:
@@ -238,6 +241,10 @@ class Performer(Variant):
     def attention_weights(self, q, k, causal):
         fq, fk = self.feature_maps(q, k)  # (B, H, N, m)
         return kernel_weights(fq, fk, torch.finfo(fq.dtype).tiny, causal).to(q.dtype)
+
+    def state_size(self, N, D):
+        m = self.params.num_features
+        return m * D + m  # sum_j phi(k_j) v_j^T (m x D) and sum_j phi(k_j) (m)
 
     def flops(self, B, H, N, D, causal=False):
         m = self.params.num_features

@@ -145,6 +145,9 @@ class SlidingWindow(Variant):
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
         return window_covers(self.params.window, seq_len)
 
+    def state_size(self, N, D):
+        return 2 * min(self.params.window + 1, N) * D  # the cache of the window's keys, values
+
     def flops(self, B, H, N, D, causal=False):
         """FLOPs of the blocked scheme as computed: every chunk scores its whole key span.
 

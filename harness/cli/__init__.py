@@ -2,6 +2,7 @@
 
     run.py     `run` (a matrix, serial or sharded; --dry-run) and `list`
     model.py   `model` (drift of a pretrained model under each variant)
+    train.py   `train` (a small model trained per variant on a recall task; --dry-run)
     report.py  `report` and `compare`
     maps.py    `maps` (the attention-map grid of one head)
 

@@ -51,17 +51,33 @@ def add_compare_args(parser: argparse.ArgumentParser) -> None:
 
 
 def compare_command(args) -> int:
-    from harness.report.compare import compare_runs, to_markdown
+    """Benchmark runs (results.csv) case by case, training sweeps (train.csv) configuration by
+    configuration: whichever both folders hold."""
+    from harness.files import RESULTS, TRAIN_CSV
+    from harness.report.compare import compare_runs, compare_trained, to_markdown, \
+        trained_markdown
     from harness.report.folder import load_run
+    from harness.report.trained import read_train
 
     threshold = _fraction(str(args.threshold))
     out = Path(args.output) if args.output else None
     if out is not None and not out.parent.is_dir():
         raise UsageError(f"--output: folder {out.parent} does not exist")
-    (a, _), (b, _) = load_run(args.run_a), load_run(args.run_b)
-    cmp = compare_runs(a, b, threshold)
-    text = to_markdown(cmp, Path(args.run_a).name, Path(args.run_b).name)
+    a_dir, b_dir = Path(args.run_a), Path(args.run_b)
+    names = (a_dir.name, b_dir.name)
+    trained = (a_dir / TRAIN_CSV).is_file() and (b_dir / TRAIN_CSV).is_file()
+    texts, regressions = [], 0
+    if not trained or ((a_dir / RESULTS).is_file() and (b_dir / RESULTS).is_file()):
+        (a, _), (b, _) = load_run(a_dir), load_run(b_dir)  # the usual error otherwise
+        cmp = compare_runs(a, b, threshold)
+        texts.append(to_markdown(cmp, *names))
+        regressions += cmp.regressions
+    if trained:
+        tcmp = compare_trained(read_train(a_dir / TRAIN_CSV), read_train(b_dir / TRAIN_CSV))
+        texts.append(trained_markdown(tcmp, *names))
+        regressions += tcmp.regressions
+    text = "\n".join(texts)
     print(text, end="")
     if out is not None:
         out.write_text(text)
-    return 1 if args.fail_on_regression and cmp.regressions else 0
+    return 1 if args.fail_on_regression and regressions else 0

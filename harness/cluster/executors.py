@@ -196,8 +196,9 @@ class _Stopped(Exception):
     """The scheduler is ending this job (scancel, preemption, time limit): record no more."""
 
 
-class ShardStore(RunStore):
-    """A shard's file that takes no row once Slurm signals the end of the job.
+class StopOnSignals:
+    """A shard's file that takes no row once Slurm signals the end of the job (a mixin over
+    a store with `append`: RunStore here, the training sweep's TrainStore).
 
     scancel sends SIGTERM, a time limit or preemption SIGUSR2 (submitit's --signal), to
     every process of the job: the worker processes too, and a worker killed so would be
@@ -223,7 +224,8 @@ class ShardStore(RunStore):
         if row.get("status") in ("error", "oom"):
             time.sleep(1.0)  # the signal that killed the worker reaches us meanwhile
         if self.stopping:
-            raise _Stopped(f"job ending: case {row['case_id']} left for a rerun")
+            which = row.get("case_id") or row.get("config_id")
+            raise _Stopped(f"job ending: {which} left for a rerun")
         super().append(row)
 
     def append_round(self, record: dict) -> None:
@@ -231,6 +233,10 @@ class ShardStore(RunStore):
             raise _Stopped(f"job ending: round {record['round']} of case {record['case_id']} "
                            "left for a rerun")
         super().append_round(record)
+
+
+class ShardStore(StopOnSignals, RunStore):
+    """A shard's results file (shards/shard-<i>.csv) that stops at the job's end signal."""
 
 
 def _job_id() -> str | None:
@@ -264,12 +270,22 @@ class ShardJob:
 # -- submitting and watching -----------------------------------------------------------------
 def submit(settings: Settings, folder: Path, shards: list[list], first: int) -> list[dict]:
     """Submit each shard as a job; returns one {"shard", "job_id", "executor", "cases"} each."""
+    indices = list(range(first, first + len(shards)))
+    fns = [ShardJob(str(folder), i, cases, settings.kind) for i, cases in zip(indices, shards)]
+    jobs = submit_jobs(settings, folder, fns)
+    logs = folder / "submitit"
+    return [{"shard": i, "job_id": str(j.job_id), "executor": settings.kind, "logs": str(logs),
+             "cases": [c.case_id for c in cases]} for i, j, cases in zip(indices, jobs, shards)]
+
+
+def submit_jobs(settings: Settings, folder: Path, fns: list) -> list:
+    """Submit each callable as one job (Slurm: one array; local: one process each, pinned
+    to a GPU where there are some); returns submitit's jobs in the same order."""
     import submitit
 
     logs = folder / "submitit"
     setup = [f"export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}"]  # this repo's harness
-    jobs, indices = [], list(range(first, first + len(shards)))
-    fns = [ShardJob(str(folder), i, cases, settings.kind) for i, cases in zip(indices, shards)]
+    jobs = []
     if settings.kind == "slurm":
         ex = submitit.AutoExecutor(folder=logs, cluster="slurm", slurm_max_num_timeout=3)
         params = {"timeout_min": 60, **dict(settings.slurm)}
@@ -290,8 +306,7 @@ def submit(settings: Settings, folder: Path, shards: list[list], first: int) -> 
             pin = {"gpus_per_node": 1, "visible_gpus": (k % gpus,)} if gpus else {}
             ex.update_parameters(timeout_min=timeout, setup=setup, **pin)
             jobs.append(ex.submit(fn))
-    return [{"shard": i, "job_id": str(j.job_id), "executor": settings.kind, "logs": str(logs),
-             "cases": [c.case_id for c in cases]} for i, j, cases in zip(indices, jobs, shards)]
+    return jobs
 
 
 def states(jobs: list[dict]) -> dict[str, str]:

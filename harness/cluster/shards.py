@@ -106,26 +106,27 @@ def _holders(jobs: list[dict]) -> dict[str, int]:
     return out
 
 
-def split(planned: list[tuple[Case, float]], n: int) -> list[list[Case]]:
+def split(planned: list[tuple[Case, float]], n: int, unit=lambda case: case.series()
+          ) -> list[list[Case]]:
     """Cases into at most n shards of near-equal predicted cost; deterministic.
 
     A series (cases differing only in length, input and seed) stays whole in one shard and
     in order, so the memory guard's extrapolation and the skip after a timeout see what a
     serial run sees. Series go largest first to the least loaded shard (LPT scheduling,
     Graham 1969: within 4/3 of the best makespan); ties go to the lower shard number.
-    Each shard keeps the matrix's order. Empty shards are dropped.
+    Each shard keeps the matrix's order. Empty shards are dropped. `unit` names what stays
+    together (a training sweep's configurations: each one alone).
     """
-    order = {c.case_id: i for i, (c, _) in enumerate(planned)}
-    series: dict[tuple, list[tuple[Case, float]]] = defaultdict(list)
-    for case, cost in planned:
-        series[case.series()].append((case, cost))
-    units = sorted(series.values(), key=lambda u: (-sum(c for _, c in u), order[u[0][0].case_id]))
+    series: dict[object, list[tuple[int, Case, float]]] = defaultdict(list)
+    for pos, (case, cost) in enumerate(planned):
+        series[unit(case)].append((pos, case, cost))
+    units = sorted(series.values(), key=lambda u: (-sum(c for _, _, c in u), u[0][0]))
     loads, shards = [0.0] * n, [[] for _ in range(n)]
-    for unit in units:
+    for members in units:
         i = min(range(n), key=lambda k: (loads[k], k))
-        loads[i] += sum(c for _, c in unit)
-        shards[i] += [case for case, _ in unit]
-    return [sorted(s, key=lambda c: order[c.case_id]) for s in shards if s]
+        loads[i] += sum(c for _, _, c in members)
+        shards[i] += members
+    return [[case for _, case, _ in sorted(s, key=lambda m: m[0])] for s in shards if s]
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -10,6 +10,8 @@ META = "meta.json"             # the matrix as run, versions, devices, times
 MODEL_CSV = "model.csv"        # one row per (model, variant, params, seq_len) (`model`)
 MODEL_META = "model_meta.json"
 MAPS = "maps.npz"              # attention maps of one head (`run`, `maps`): harness.measure.maps
+TRAIN_CSV = "train.csv"        # one row per trained configuration (`train`)
+TRAIN_META = "train_meta.json"
 
 # The exact variants every other one is set against (the report's "x sdpa" ratios, the
 # drift baseline), fastest first.
@@ -34,3 +36,17 @@ MODEL_COLUMNS = [
     "model", "variant", "family", "params", "device", "dtype", "seq_len", "windows",
     "causal", "status", "reason", "emb_cos", "hidden_rel_err", "kl", "ppl_ratio",
     "time_ms", "time_ms_iqr", "repeats", "peak_mem_mib", "threads", "seed"]
+
+# One trained configuration: the task setting, the model, the sweep's outcome. accuracy is
+# the best held-out accuracy over the learning rates tried (0..1); steps, time_to_best_s,
+# step_ms and final_loss belong to the run of the winning rate (best_lr); train_s is the
+# wall time of the whole sweep; lr_accuracy is JSON {lr: accuracy or status}; chance is the
+# accuracy of a model that reads nothing (the task's floor); reach, for a variant with a fixed
+# key pattern (windows, block layouts) in one layer, the share of held-out queries whose
+# answer it can see (its ceiling).
+TRAIN_COLUMNS = [
+    "config_id", "task", "task_params", "variant", "family", "params", "seq_len",
+    "num_kv_pairs", "vocab_size", "causal", "d_model", "layers", "heads", "mlp", "batch",
+    "max_steps", "device", "status", "reason", "accuracy", "best_lr", "lr_accuracy", "steps",
+    "time_to_best_s", "steps_to_0_9", "step_ms", "train_s", "final_loss", "n_params",
+    "state_size", "chance", "reach", "seed", "threads"]

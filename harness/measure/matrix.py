@@ -276,6 +276,9 @@ def _resolve_variants(spec, params: dict, where: str, errors: list[str]) -> dict
     return out
 
 
+resolve_variants = _resolve_variants  # the training matrix (harness.train.matrix) takes it too
+
+
 def expand(matrix: dict) -> list[Case]:
     """Every case of a normalised matrix, seq_len innermost and ascending, deduplicated."""
     cases: dict[str, Case] = {}
@@ -302,5 +305,8 @@ def load(source: str, overrides: dict | None = None) -> tuple[dict, list[Case]]:
     """Read, check and expand a preset or TOML file: (normalised matrix, cases)."""
     raw = read_toml(source)
     raw.pop("executor", None)  # how to run it (harness.cluster.executors), not part of what is run
+    if {"task", "lrs", "d_model", "max_steps"} & set(raw):
+        raise UsageError(f"{source} is a training matrix (for `run_bench.py train`), not a "
+                         "benchmark matrix")
     matrix = normalise(raw, overrides)
     return matrix, expand(matrix)

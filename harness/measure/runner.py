@@ -52,16 +52,18 @@ NO_CUDA = "CUDA is not available on this machine"
 
 
 class Worker:
-    """One `python -m harness.measure.worker` subprocess measuring one part of each case it is fed."""
+    """One `python -m <module>` subprocess answering JSON-line requests, one result each:
+    by default harness.measure.worker, measuring one part of each case it is fed."""
 
-    def __init__(self, part: str, log_path: Path, threads: int):
+    def __init__(self, part: str, log_path: Path, threads: int,
+                 module: str = "harness.measure.worker"):
         self.part = part
         malloc = MALLOC_ENV if part == "memory" else {}
         env = {**os.environ, **malloc, "OMP_NUM_THREADS": str(threads),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.log_path = log_path
         self._log = log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "harness.measure.worker"], cwd=REPO, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", module], cwd=REPO, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, start_new_session=True)
 
@@ -69,11 +71,16 @@ class Worker:
         """The worker's result for case, or a timeout/oom/error result if it did not give one.
 
         part: what to measure (default the worker's own part; `retime` in the time worker)."""
-        start = time.monotonic()
         part = part or self.part
-        self._log.write(f"--- {now()} {part} {case.case_id} {case.label()}\n".encode())
+        return self.call({"case": case.to_json(), "part": part},
+                         f"{part} {case.case_id} {case.label()}", timeout_s, case.timeout_s)
+
+    def call(self, request: dict, label: str, timeout_s: float, limit_s: float) -> dict:
+        """Send one request; its result, or a timeout/oom/error result if none came back
+        within timeout_s (the time left of the limit limit_s the reason names)."""
+        start = time.monotonic()
+        self._log.write(f"--- {now()} {label}\n".encode())
         self._log.flush()
-        request = {"case": case.to_json(), "part": part}
         try:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
@@ -90,7 +97,7 @@ class Worker:
             if not ready:
                 self.kill()
                 return {"status": "timeout",
-                        "reason": f"exceeded timeout_s={case.timeout_s:g} s; worker killed"}
+                        "reason": f"exceeded timeout_s={limit_s:g} s; worker killed"}
             chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
             if not chunk:
                 return self._died()

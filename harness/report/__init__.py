@@ -1,4 +1,4 @@
-"""The report: reads run folders (results.csv, model.csv, meta.json) and writes
+"""The report: reads run folders (results.csv, model.csv, train.csv, meta.json) and writes
 report.md, report.html and plots/; compares two runs. It never measures.
 
     folder.py          loading a run folder, labels, the case key
@@ -7,6 +7,7 @@ report.md, report.html and plots/; compares two runs. It never measures.
     captured.py        the view of captured (real-model) inputs
     implementations.py library kernels beside ours
     model.py           the "Model drift" section (model.csv)
+    trained.py         the "Quality when trained" section and its Answers line (train.csv)
     provenance.py      where a sharded run's cases ran (meta.json's shard records)
     rounds.py          cases whose timing rounds disagree, other work seen on the cores
     plots.py           the PNG plots

@@ -18,10 +18,12 @@ from harness.report import plots
 from harness.report import captured as RC
 from harness.report import maps as report_maps
 from harness.report import model as report_model
+from harness.report import trained as report_trained
 from harness.report import tables as T
 from harness.report import provenance
 from harness.report.implementations import implementations_blocks
 from harness.report.rounds import rounds_blocks
+from harness.files import RESULTS
 from harness.report.folder import SETTING, load_run, short_labels
 
 SECTIONS = ("Attention maps", "Answers", "Timing drift between rounds", "Error per layer on captured inputs",
@@ -282,15 +284,41 @@ def to_html(blocks: list[tuple], title: str) -> str:
     return "\n".join(out)
 
 
+def _into_answers(blocks: list[tuple], extra: list[tuple]) -> list[tuple]:
+    """`extra` at the end of the Answers section (before the next section)."""
+    start = next(i for i, b in enumerate(blocks) if b[:3] == ("h", 2, "Answers"))
+    end = next((i for i, b in enumerate(blocks) if i > start and b[0] == "h" and b[1] == 2),
+               len(blocks))
+    return blocks[:end] + extra + blocks[end:]
+
+
 def write_report(run_dir) -> Path:
-    """Write report.md, report.html and plots/ into a run folder; returns report.md's path."""
+    """Write report.md, report.html and plots/ into a run folder; returns report.md's path.
+
+    The folder may hold a benchmark run (results.csv), model drift (model.csv) and a
+    training sweep (train.csv), in any combination with at least one of them."""
     run_dir = Path(run_dir)
     drift = report_model.drift_blocks(run_dir)  # [] without model.csv
-    if drift and not (run_dir / "results.csv").exists():  # the model command alone
-        blocks = report_model.drift_only_blocks(run_dir, drift)
-    else:
-        df, meta = load_run(run_dir)
+    tr = report_trained.load(run_dir)  # None without train.csv
+    has_results = (run_dir / RESULTS).exists()
+    df = None
+    if has_results or not (drift or tr is not None):
+        df, meta = load_run(run_dir)  # the usual error when the folder holds none of them
         blocks = report_model.insert_after_answers(build_blocks(df, meta, run_dir), drift)
+    elif drift:  # the model command, perhaps with a sweep
+        blocks = report_model.drift_only_blocks(run_dir, drift)
+    else:  # a training sweep alone
+        blocks = [("h", 1, f"attnbench report: {run_dir.name}")]
+    if tr is not None:
+        timed = report_trained.forward_times(tr, df)
+        answers = report_trained.answer_blocks(tr, timed)
+        if not any(b[:3] == ("h", 2, "Answers") for b in blocks):
+            blocks.insert(1, ("h", 2, "Answers"))
+        blocks = _into_answers(blocks, answers)
+        blocks = report_model.insert_after_answers(
+            blocks, report_trained.section_blocks(tr, timed, run_dir))
+        if not has_results:
+            blocks += report_trained.environment_blocks(run_dir)
     md = run_dir / "report.md"
     md.write_text(to_markdown(blocks, run_dir))
     (run_dir / "report.html").write_text(to_html(blocks, f"attnbench report: {run_dir.name}"))

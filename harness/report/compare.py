@@ -118,3 +118,88 @@ def to_markdown(cmp: Comparison, name_a: str, name_b: str) -> str:
                             "status": rows[f"status_{side}"]})
         out.append(t.to_markdown(index=False, disable_numparse=True))
     return "\n\n".join(out) + "\n"
+
+
+# -- training sweeps (train.csv) -------------------------------------------------------------
+ACC_CHANGE = 0.05  # held-out accuracy moving by more than this (absolute) is flagged
+
+
+@dataclasses.dataclass
+class TrainComparison:
+    joined: pd.DataFrame  # one row per configuration in both sweeps, with `change`
+    only_a: pd.DataFrame
+    only_b: pd.DataFrame
+
+    @property
+    def regressions(self) -> int:
+        return int(self.joined["change"].str.startswith("regression").sum())
+
+    @property
+    def improvements(self) -> int:
+        return int(self.joined["change"].str.startswith("improvement").sum())
+
+
+def _train_change(r) -> str:
+    sa, sb = r["status_a"], r["status_b"]
+    if sa == "ok" and sb != "ok":
+        return f"regression (now {sb})"
+    if sa != "ok" and sb == "ok":
+        return f"improvement (was {sa})"
+    if sa != "ok":
+        return "" if sa == sb else f"{sa} → {sb}"
+    d = r["accuracy_b"] - r["accuracy_a"]
+    if d < -ACC_CHANGE:
+        return f"regression (accuracy {d:+.3f})"
+    if d > ACC_CHANGE:
+        return f"improvement (accuracy {d:+.3f})"
+    return ""
+
+
+def compare_trained(a: pd.DataFrame, b: pd.DataFrame) -> TrainComparison:
+    """Join two sweeps (report.trained.read_train frames) on the configuration (variant,
+    parameters, task setting, model) and flag accuracy moves beyond ACC_CHANGE and
+    configurations that stopped training."""
+    from harness.report.trained import KEY
+
+    shown = ["status", "accuracy", "step_ms", "label", "setting"]
+    merged = a[KEY + shown].merge(b[KEY + shown], on=KEY, how="outer", suffixes=("_a", "_b"),
+                                  indicator=True)
+    if not (merged["_merge"] == "both").any():
+        raise UsageError("the two sweeps have no configuration in common (same variant, "
+                         "params, task setting and model)")
+    joined = merged[merged["_merge"] == "both"].copy()
+    joined["change"] = [_train_change(r) for _, r in joined.iterrows()]
+    rank = joined["change"].map(lambda c: 0 if c.startswith("regression")
+                                else 1 if c.startswith("improvement") else 2)
+    joined = joined.assign(_rank=rank).sort_values("_rank", kind="stable").drop(columns="_rank")
+
+    def only(side, s):
+        rows = merged[merged["_merge"] == f"{side}_only"]
+        return pd.DataFrame({"variant": rows[f"label_{s}"], "setting": rows[f"setting_{s}"],
+                             "status": rows[f"status_{s}"]})
+
+    return TrainComparison(joined.reset_index(drop=True), only("left", "a"), only("right", "b"))
+
+
+def trained_markdown(cmp: TrainComparison, name_a: str, name_b: str) -> str:
+    """The sweeps' comparison as Markdown: a summary, the common configurations, the rest."""
+    j = cmp.joined
+
+    def acc(v):
+        return "–" if pd.isna(v) else f"{v:.3f}"
+
+    table = pd.DataFrame({
+        "variant": j["label_a"], "setting": j["setting_a"],
+        "status a → b": [s if s == t else f"{s} → {t}"
+                         for s, t in zip(j["status_a"], j["status_b"])],
+        "accuracy a": j["accuracy_a"].map(acc), "accuracy b": j["accuracy_b"].map(acc),
+        "step_ms b/a": (j["step_ms_b"] / j["step_ms_a"]).map(_ratio), "change": j["change"]})
+    out = [f"# attnbench compare (trained quality): {name_a} → {name_b}",
+           f"{len(j)} common configurations; {cmp.regressions} regression(s), "
+           f"{cmp.improvements} improvement(s). Held-out accuracy moving by more than "
+           f"{ACC_CHANGE} is flagged; a configuration that stopped training is a regression.",
+           table.to_markdown(index=False, disable_numparse=True)]
+    for title, rows in ((f"Only in {name_a}", cmp.only_a), (f"Only in {name_b}", cmp.only_b)):
+        out += [f"## {title}",
+                "None." if rows.empty else rows.to_markdown(index=False, disable_numparse=True)]
+    return "\n\n".join(out) + "\n"

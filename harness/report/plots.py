@@ -234,3 +234,77 @@ def gflops_plot(df: pd.DataFrame, matmul_gflops: float | None, path: Path,
     ax.grid(True, axis="x", alpha=0.3)
     fig.subplots_adjust(left=0.38, right=0.97, bottom=0.6 / (h / DPI), top=1 - 0.3 / (h / DPI))
     return _save(fig, path)
+
+
+def accuracy_plot(df: pd.DataFrame, x: str, xlabel: str, path: Path) -> Path:
+    """Held-out accuracy of trained models against `x` (seq_len or num_kv_pairs), one line
+    per `line`, faceted by the model (`model` column: d_model, layers...) in rows and by
+    causal in columns; the task's chance level as a dotted black line.
+
+    df: train.csv rows with `line`, `variant`, `model` (a string); accuracy is 0..1, rows
+    that did not train are left out. Where several rows share a line and an x (other
+    settings differ), the points are their mean.
+    """
+    import seaborn as sns
+    from matplotlib.ticker import NullLocator
+
+    data = df[df["status"] == "ok"]
+    models = list(dict.fromkeys(df["model"]))
+    forms = sorted(df["causal"].unique(), reverse=True)  # causal first
+    palette, dashes, markers = _styles(df)
+    w, h = grid_size_px(len(models), len(forms))
+    fig = _new_figure(w / DPI, h / DPI)
+    axes = fig.subplots(len(models), len(forms), squeeze=False, sharey=True)
+    for r, model in enumerate(models):
+        for c, causal in enumerate(forms):
+            ax = axes[r][c]
+            sub = data[(data["model"] == model) & (data["causal"] == causal)]
+            if sub.empty:
+                ax.set_axis_off()
+                continue
+            mean = sub.groupby(["line", x], as_index=False)["accuracy"].mean()
+            sns.lineplot(data=mean, x=x, y="accuracy", hue="line", style="line",
+                         palette=palette, dashes=dashes, markers=markers, markersize=5,
+                         legend=False, ax=ax, errorbar=None)
+            floor = sub.groupby(x)["chance"].mean()
+            ax.plot(floor.index, floor.to_numpy(), color="black", linestyle=":", linewidth=1)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(sub[x].unique()), [f"{v:g}" for v in sorted(sub[x].unique())])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_title(f"{model} · {'causal' if causal else 'non-causal'}", fontsize=9)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("held-out accuracy" if c == 0 else "")
+            ax.grid(True, alpha=0.3)
+    _adjust(fig, len(models), len(forms))
+    chance = "chance (a model that reads nothing)"
+    _legend(fig, {**palette, chance: "black"}, len(forms), {**dashes, chance: (1, 1.5)},
+            {**markers, chance: ""})
+    return _save(fig, path)
+
+
+def accuracy_time_plot(df: pd.DataFrame, path: Path) -> Path:
+    """Held-out accuracy against forward time_ms (from the same folder's results.csv) at
+    the same N: one panel per trained (seq_len, causal), one marker per `line`."""
+    import seaborn as sns
+
+    panels = sorted(set(zip(df["seq_len"], df["causal"])), key=lambda p: (not p[1], p[0]))
+    palette, _, markers = _styles(df)
+    w, h = grid_size_px(1, len(panels))
+    fig = _new_figure(w / DPI, h / DPI)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (n, causal) in zip(axes, panels):
+        sub = df[(df["seq_len"] == n) & (df["causal"] == causal)]
+        sns.scatterplot(data=sub, x="time_ms", y="accuracy", hue="line", style="line",
+                        palette=palette, markers=markers, legend=False, ax=ax, s=30)
+        ax.set_xscale("log")
+        _ticks_125(ax.xaxis)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"N = {n} · {'causal' if causal else 'non-causal'}", fontsize=9)
+        ax.set_xlabel("forward time (ms, results.csv)")
+        ax.set_ylabel("held-out accuracy")
+        ax.grid(True, alpha=0.3)
+    _adjust(fig, 1, len(panels))
+    _legend(fig, palette, len(panels), markers=markers)
+    return _save(fig, path)

@@ -1,0 +1,140 @@
+"""The `train` command of run_bench.py: trained recall quality per variant.
+
+Checks the whole training matrix before anything is trained or written (every problem on
+one line, exit 2), then trains it into <results-dir>/<run-id>/train.csv, serially here or
+sharded over submitit jobs (--executor local|slurm --shards N), and writes the folder's
+report. The same run id again resumes the sweep. `--dry-run` prints the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from harness.cli.run import _parse, _rerun, _run_id
+from harness.cluster import executors
+from harness.errors import UsageError
+from harness.measure.matrix import read_toml
+from harness.measure.store import matmul_fp32_gflops
+from harness.measure.worker import import_extra
+from harness.train import estimate
+from harness.train import matrix as tm
+from harness.train import runner
+from harness.train.store import TrainStore
+
+DEFAULT_PRESET = "train-quick"
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", default=None,
+                     help="train-quick (default: about 5 minutes on 2 cores), train-cpu (the "
+                          "reference, about an hour), train-gpu (Zoology's Figure 2 grid)")
+    src.add_argument("--config", default=None, help="a training matrix .toml of your own")
+    p.add_argument("--results-dir", default="results", type=Path)
+    p.add_argument("--run-id", default=None,
+                   help="folder name under --results-dir (default: a UTC timestamp); a sweep "
+                        "of the same matrix there is resumed; the folder may hold a `run`")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (configurations, declared skips, an upper-bound time) "
+                        "and train nothing")
+    p.add_argument("--variants", help="comma-separated variant names to keep")
+    p.add_argument("--threads", help="torch threads in the worker (0: all cores)")
+    executors.add_args(p)
+
+
+def overrides_from(args) -> dict:
+    out = {}
+    if args.variants is not None:
+        out["variants"] = [t.strip() for t in args.variants.split(",") if t.strip()]
+    if args.threads is not None:
+        out["threads"] = _parse(args.threads, int, "threads")
+    return out
+
+
+def plan(configs: list[tm.TrainConfig], n_shards: int = 1) -> int:
+    """Print the configurations, their declared skips and an upper-bound time estimate."""
+    import variants
+
+    rate = matmul_fp32_gflops(configs[0].threads) * 1e9
+    reasons, costs = Counter(), []
+    for c in configs:
+        module = variants.build(c.variant, **c.param_dict)
+        why = [r for r in runner.skip_reasons(c, module) if r != runner.NO_CUDA]
+        if why:
+            reasons[f"{c.variant}: {'; '.join(why)}"] += 1
+            costs.append((c, 0.0))
+        else:
+            costs.append((c, estimate.config_seconds(c, module, rate)))
+    skipped = sum(reasons.values())
+    total = sum(t for _, t in costs)
+    runs = sum(len(c.lrs) for c, t in costs if t)
+    print(f"{len(configs)} configurations; {skipped} skipped as declared unsupported; "
+          f"{len(configs) - skipped} to train ({runs} training runs over the learning rates), "
+          f"upper-bound estimate {total / 60:.1f} min: every rate to max_steps, where early "
+          f"stopping ends most runs sooner (fp32 matmul {rate / 1e9:.0f} GFLOP/s measured "
+          f"here{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''})")
+    for reason, n in reasons.most_common():
+        print(f"  skip x{n}: {reason}")
+    if n_shards > 1:
+        from harness.cluster import shards
+
+        cost = {c.config_id: t for c, t in costs}
+        for i, part in enumerate(shards.split(costs, n_shards, unit=lambda c: c.config_id)):
+            print(f"  shard {i}: {len(part)} configurations, estimate "
+                  f"{sum(cost[c.config_id] for c in part) / 60:.1f} min")
+    return 0
+
+
+def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | None,
+              settings: executors.Settings | None = None, argv: list[str] | None = None):
+    """Check, then train a matrix; returns the run folder when every configuration has a
+    row, else the exit status (a sharded sweep submitted with --no-wait or unfinished)."""
+    settings = settings or executors.Settings()
+    matrix, configs = tm.load(source, overrides)
+    if not configs:
+        raise UsageError("the training matrix has no configuration")
+    if settings.kind != "slurm" and any(c.device == "cuda" for c in configs) \
+            and not torch.cuda.is_available():
+        raise UsageError("the matrix asks for device cuda but CUDA is not available here "
+                         "(--dry-run to see the plan)")
+    run_id = run_id or _run_id()
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise UsageError(f"--run-id must be a plain folder name, got {run_id!r}")
+    executors.check_available(settings)
+    store = TrainStore(Path(results_dir) / run_id)
+    resume = store.check(matrix)
+    if settings.kind != "serial":
+        from harness.cluster import trained
+
+        return trained.run(matrix, configs, store, resume, settings, _rerun(argv, run_id))
+    if resume:
+        from harness.cluster import trained
+
+        trained.merge_before_serial(store, configs)
+    earlier = len(store.done_ids()) if resume else 0
+    counts = runner.run(matrix, configs, store, resume=resume)
+    print(runner.summary_line(len(configs), counts, earlier, store.folder))
+    return store.folder
+
+
+def train_command(args) -> int:
+    import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
+    source = args.config or args.preset or DEFAULT_PRESET
+    settings = executors.settings_from(args, read_toml(source).get("executor"))
+    if args.dry_run:
+        _, configs = tm.load(source, overrides_from(args))
+        if not configs:
+            raise UsageError("the training matrix has no configuration")
+        return plan(configs, settings.shards)
+    out = run_train(source, overrides_from(args), args.results_dir, args.run_id, settings,
+                    getattr(args, "argv", None))
+    if isinstance(out, int):
+        return out
+    from harness.cli.report import report_dir
+
+    return report_dir(out)
+

@@ -1,0 +1,15 @@
+"""Trained quality (`run_bench.py train`): can a small model built on each variant learn
+to recall? A model (embedding, a short causal convolution, the variant as the sequence
+mixer, a tied head) is trained per configuration on a synthetic task, into train.csv.
+
+    tasks.py    the task registry and its generators (MQAR)
+    model.py    the small model around a variant
+    trainer.py  one training run: AdamW, warm-up then cosine decay, early stop, accuracy
+    matrix.py   a train TOML (preset or file) expanded into configurations, checked first
+    worker.py   one training run in a process of its own (`python -m harness.train.worker`)
+    runner.py   the serial run: the learning-rate sweep per configuration, rows, resume
+    store.py    a run folder's train.csv and train_meta.json
+
+May import harness.measure (its worker process and memory cap), harness.models and
+harness.files; imported by harness.cli and harness.cluster (the sharded sweep).
+"""

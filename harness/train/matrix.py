@@ -1,0 +1,305 @@
+"""The training matrix: a TOML table (a preset in harness/presets/train-*.toml or a file)
+expanded by product into configurations, every one checked before anything runs.
+
+The layout of the benchmark matrix (harness.measure.matrix): top-level keys are the
+defaults, optional `[[groups]]` tables override some of them, each group expands by
+product, and the union (first occurrence of each configuration wins) is the run.
+
+    task = "mqar"               # harness.train.tasks.names(); a list expands
+    variants = ["sdpa", "linear"]   # as in the benchmark matrix: "all", a list, or a table
+    params = {sliding_window = [{window = 8}, {window = 32}]}
+    seq_lens = [64, 128]        # each key below takes a value or a list (product) ...
+    vocab_size = 64
+    causal = [true, false]
+    num_kv_pairs = 8            # ... and so do the task's own parameters (mqar: num_kv_pairs,
+    power_a = 0.01              #     power_a, random_non_queries)
+    d_model = 64
+    layers = 1
+    heads = 1
+    mlp = false
+    lrs = [1e-3, 3e-3]          # the sweep inside each configuration (not a product axis)
+    batch = 64                  # training examples per step
+    max_steps = 1000            # the step budget of one learning rate
+    warmup = 0.1                # share of max_steps with a linear warm-up, then cosine to 0
+    weight_decay = 0.1          # AdamW's
+    eval_every = 50             # steps between held-out evaluations
+    early_stop = 0.99           # held-out accuracy that ends a run (and the sweep)
+    train_examples = 20000      # the training set (seed), drawn in shuffled epochs
+    test_examples = 500         # the held-out set (a different seed)
+    seed = 0                    # data, initialisation and batch order
+    device = "cpu"              # or "cuda"
+    threads = 0                 # torch threads in the worker; 0: all cores
+    timeout_s = 300             # per learning rate, wall clock; the worker is killed after it
+    mem_limit_mib = 0           # worker address-space cap above its baseline; 0: MemAvailable*0.9
+
+An `[executor]` table (harness.cluster.executors) says how to run it, not what is run.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+
+import variants
+from harness.errors import UsageError
+from harness.measure.matrix import read_toml, resolve_variants
+from harness.train import tasks
+
+# key -> (default, kind). "list:" keys take a value or a list and are product axes.
+_KEYS: dict[str, tuple[object, str]] = {
+    "task": (["mqar"], "list:str"), "variants": (["sdpa"], "variants"), "params": ({}, "params"),
+    "seq_lens": ([64], "list:int"), "vocab_size": ([64], "list:int"),
+    "causal": ([True], "list:bool"), "d_model": ([64], "list:int"), "layers": ([1], "list:int"),
+    "heads": ([1], "list:int"), "mlp": ([False], "list:bool"), "lrs": ([3e-3], "floats"),
+    "batch": (64, "int"), "max_steps": (1000, "int"), "warmup": (0.1, "fraction"),
+    "weight_decay": (0.1, "float"), "eval_every": (50, "int"), "early_stop": (0.99, "fraction"),
+    "train_examples": (20000, "int"), "test_examples": (500, "int"), "seed": (0, "int0"),
+    "device": ("cpu", "device"), "threads": (0, "int0"), "timeout_s": (300.0, "float"),
+    "mem_limit_mib": (0, "int0"),
+}
+DEVICES = ("cpu", "cuda")
+_BENCHMARK_ONLY = {"passes", "inputs", "dtypes", "devices", "head_dim", "min_run_time_s"}
+# Fields that make a configuration: its id is their hash. Run settings (threads, the time
+# limit, the memory cap) are not in it, so runs on different machines compare row by row.
+KEY_FIELDS = ("task", "task_params", "variant", "params", "seq_len", "vocab_size", "causal",
+              "d_model", "layers", "heads", "mlp", "lrs", "batch", "max_steps", "warmup",
+              "weight_decay", "eval_every", "early_stop", "train_examples", "test_examples",
+              "seed", "device")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    task: str
+    task_params: str  # JSON, sorted keys, every task parameter with its default filled in
+    variant: str
+    params: str  # JSON, sorted keys, the variant's full parameters
+    seq_len: int
+    vocab_size: int
+    causal: bool
+    d_model: int
+    layers: int
+    heads: int
+    mlp: bool
+    lrs: tuple[float, ...]
+    batch: int
+    max_steps: int
+    warmup: float
+    weight_decay: float
+    eval_every: int
+    early_stop: float
+    train_examples: int
+    test_examples: int
+    seed: int
+    device: str
+    threads: int
+    timeout_s: float
+    mem_limit_mib: int
+
+    @property
+    def config_id(self) -> str:
+        key = {f: getattr(self, f) for f in KEY_FIELDS}
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def param_dict(self) -> dict:
+        return json.loads(self.params)
+
+    @property
+    def task_param_dict(self) -> dict:
+        return json.loads(self.task_params)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    def label(self) -> str:
+        """`variant(params) task N=.. V=.. P=.. causal d=.. L=..` (the progress bar, logs)."""
+        p = ",".join(f"{k}={v}" for k, v in self.param_dict.items())
+        pairs = self.task_param_dict.get("num_kv_pairs")
+        return (f"{self.variant}({p}) {self.task} N={self.seq_len} V={self.vocab_size}"
+                f"{f' P={pairs}' if pairs is not None else ''} "
+                f"{'causal' if self.causal else 'non-causal'} d={self.d_model} L={self.layers}")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TrainConfig":
+        return cls(**{**d, "lrs": tuple(d["lrs"])})
+
+
+def _task_keys(task_names) -> dict[str, object]:
+    """The task parameters allowed in a group: those of every task it names."""
+    out: dict[str, object] = {}
+    for t in task_names:
+        if t in tasks.names():
+            out.update(tasks.get(t).params)
+    return out
+
+
+def _check(table: dict, where: str, errors: list[str], task_keys: dict) -> dict:
+    out = {}
+    for key, value in table.items():
+        if key in task_keys:  # a task parameter: a value or a list, typed like its default
+            value = value if isinstance(value, list) else [value]
+            typ = type(task_keys[key])
+            ok = bool(value) and all(
+                isinstance(v, typ) and not (typ is not bool and isinstance(v, bool))
+                or (typ is float and isinstance(v, int) and not isinstance(v, bool))
+                for v in value)
+            if not ok:
+                errors.append(f"{where}: {key!r} must be a {typ.__name__} or a non-empty list "
+                              f"of them, got {value!r}")
+                continue
+            out[key] = [float(v) if typ is float else v for v in value]
+            continue
+        if key not in _KEYS:
+            allowed = ", ".join([*_KEYS, *task_keys, "groups"])
+            errors.append(f"{where}: unknown key {key!r}; allowed: {allowed}")
+            continue
+        kind = _KEYS[key][1]
+        if kind.startswith("list:"):
+            typ = {"int": int, "str": str, "bool": bool}[kind[5:]]
+            value = value if isinstance(value, list) else [value]
+            bad = [v for v in value if not isinstance(v, typ) or (typ is int and isinstance(v, bool))]
+            if bad or not value or (typ is int and any(v < 1 for v in value)):
+                errors.append(f"{where}: {key!r} must be a {'positive ' * (typ is int)}"
+                              f"{kind[5:]} or a non-empty list of them, got {value!r}")
+                continue
+        elif kind == "floats":
+            value = value if isinstance(value, list) else [value]
+            if not value or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                    and v > 0 for v in value):
+                errors.append(f"{where}: {key!r} must be a non-empty list of positive numbers, "
+                              f"got {value!r}")
+                continue
+            value = [float(v) for v in value]
+        elif kind in ("int", "int0"):
+            if not isinstance(value, int) or isinstance(value, bool) or value < (kind == "int"):
+                errors.append(f"{where}: {key!r} must be a {'positive' if kind == 'int' else 'non-negative'} "
+                              f"integer, got {value!r}")
+                continue
+        elif kind in ("float", "fraction"):
+            num = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not num or value < 0 or (kind == "fraction" and value > 1):
+                errors.append(f"{where}: {key!r} must be a number in "
+                              f"{'[0, 1]' if kind == 'fraction' else '[0, inf)'}, got {value!r}")
+                continue
+            value = float(value)
+        elif kind == "device" and value not in DEVICES:
+            errors.append(f"{where}: device must be one of {', '.join(DEVICES)}, got {value!r}")
+            continue
+        elif kind == "params" and not isinstance(value, dict):
+            errors.append(f"{where}: 'params' must be a table name -> list of settings")
+            continue
+        out[key] = value
+    return out
+
+
+def normalise(raw: dict, overrides: dict | None = None) -> dict:
+    """Check every key of a raw training matrix; return {"groups": [full group, ...]}.
+
+    Every problem is collected and raised together as one UsageError ("; "-joined).
+    `overrides` (the command line) replace keys in every group; "variants" there narrows.
+    """
+    errors: list[str] = []
+    raw = copy.deepcopy(raw)
+    groups_raw = raw.pop("groups", None)
+    if groups_raw is not None and not (isinstance(groups_raw, list)
+                                       and all(isinstance(g, dict) for g in groups_raw)):
+        errors.append("'groups' must be an array of tables ([[groups]])")
+        groups_raw = None
+    overrides = dict(overrides or {})
+    narrow = overrides.pop("variants", None)
+    full = []
+    for i, g in enumerate(groups_raw or [{}]):
+        where = f"groups[{i}]" if groups_raw else "top level"
+        if "groups" in g:
+            errors.append(f"{where}: groups do not nest")
+            g = {k: v for k, v in g.items() if k != "groups"}
+        names = g.get("task", raw.get("task", _KEYS["task"][0]))
+        names = names if isinstance(names, list) else [names]
+        for t in names:
+            if isinstance(t, str) and t not in tasks.names():
+                errors.append(f"{where}: unknown task {t!r}; tasks: {', '.join(tasks.names())}")
+        task_keys = _task_keys(n for n in names if isinstance(n, str))
+        merged = {**{k: d for k, (d, _) in _KEYS.items()},
+                  **{k: [d] for k, d in task_keys.items()},
+                  **_check(raw, "top level", errors, task_keys),
+                  **_check(g, where, errors, task_keys),
+                  **_check(overrides, "command line", errors, task_keys)}
+        merged["variants"] = resolve_variants(merged["variants"], merged["params"], where, errors)
+        merged.pop("params")
+        merged["task_keys"] = sorted(task_keys)
+        full.append(merged)
+    if narrow is not None:
+        wanted = [n.strip() for n in narrow if n.strip()]
+        present = {n for g in full for n in g["variants"]}
+        for n in wanted:
+            if n not in variants.names(private=True):
+                errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
+            elif n not in present:
+                errors.append(f"variant {n!r} is not in this matrix")
+        for g in full:
+            g["variants"] = {n: s for n, s in g["variants"].items() if n in wanted}
+    if not errors:
+        expand({"groups": full}, errors)  # settings the tasks or the model cannot take
+    if errors:  # a top-level key is checked once per group: each problem once
+        raise UsageError("; ".join(dict.fromkeys(errors)))
+    return {"groups": full}
+
+
+def expand(matrix: dict, errors: list[str] | None = None) -> list[TrainConfig]:
+    """Every configuration of a normalised matrix, deduplicated, in the matrix's order.
+
+    With `errors`, impossible settings (a task's problems, d_model not a multiple of heads)
+    are appended there; without, they raise UsageError.
+    """
+    collect = [] if errors is None else errors
+    out: dict[str, TrainConfig] = {}
+    for g in matrix["groups"]:
+        settings = [(n, p) for n, ps in g["variants"].items() for p in ps]
+        task_keys = g["task_keys"]
+        axes = [g["task"], sorted(g["seq_lens"]), *(g[k] for k in task_keys), g["vocab_size"],
+                g["causal"], g["d_model"], g["layers"], g["heads"], g["mlp"]]
+        for task, N, *rest in itertools.product(*axes):
+            tvals, (V, causal, d, L, H, mlp) = rest[:len(task_keys)], rest[len(task_keys):]
+            spec = tasks.get(task)
+            tparams = {**spec.params, **{k: v for k, v in zip(task_keys, tvals)
+                                         if k in spec.params}}
+            problems = spec.problems(N, V, **tparams)
+            if d % H:
+                problems.append(f"d_model={d} is not a multiple of heads={H}")
+            if not causal and not spec.non_causal_ok:
+                problems.append(f"task {task} has no non-causal form (an answer is in the "
+                                "input after its query)")
+            if problems:
+                collect.extend(problems)
+                continue
+            for name, params in settings:
+                c = TrainConfig(task, json.dumps(tparams, sort_keys=True), name, params, N, V,
+                                causal, d, L, H, mlp, tuple(g["lrs"]), g["batch"],
+                                g["max_steps"], g["warmup"], g["weight_decay"], g["eval_every"],
+                                g["early_stop"], g["train_examples"], g["test_examples"],
+                                g["seed"], g["device"], g["threads"] or os.cpu_count() or 1,
+                                float(g["timeout_s"]), g["mem_limit_mib"])
+                out.setdefault(c.config_id, c)
+    if errors is None and collect:
+        raise UsageError("; ".join(dict.fromkeys(collect)))
+    return list(out.values())
+
+
+def load(source: str, overrides: dict | None = None) -> tuple[dict, list[TrainConfig]]:
+    """Read, check and expand a train preset or TOML file: (normalised matrix, configs)."""
+    raw = read_toml(source)
+    raw.pop("executor", None)  # how to run it (harness.cluster.executors), not what is run
+    if _BENCHMARK_ONLY & set(raw):  # a preset of `run` handed to `train`: say so, in short
+        raise UsageError(f"{source} is a benchmark matrix (for `run_bench.py run`); `train` "
+                         "takes a training matrix: train-quick, train-cpu, train-gpu or a "
+                         "file like them")
+    matrix = normalise(raw, overrides)
+    return matrix, expand(matrix)

@@ -1,0 +1,207 @@
+"""Runs a training matrix: per configuration, the learning-rate sweep in a worker process,
+then one row in train.csv.
+
+The runner knows no variant by name: the registry builds each configuration's variant, whose
+declared reasons (non-causal only, a length it cannot take, no CUDA here) make the row
+`skipped` with them. Each learning rate is one request to a `python -m
+harness.train.worker` process (harness.measure.runner.Worker), killed after the
+configuration's `timeout_s`; a worker that times out, dies (a crash, the kernel's OOM
+killer) or runs out of memory is replaced before the next run. The sweep stops at the
+first rate that reaches `early_stop`; the row reports the best held-out accuracy over the
+rates tried and the run of the rate that reached it (Zoology's report: the best over a
+sweep of learning rates).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import variants
+from harness.measure.runner import NO_CUDA, STATUSES, Worker
+from harness.measure.store import environment, now
+from harness.train import tasks
+from harness.train.matrix import TrainConfig
+from harness.train.model import CONV_KERNEL
+from harness.train.store import TrainStore
+
+CONV_REACH = CONV_KERNEL - 1  # the short convolution reads this many positions back
+
+WORKER = "harness.train.worker"
+# When no rate ran ok, the row takes the most telling failure: an error is a bug to read,
+# a non-finite loss an outcome of training.
+_SEVERITY = ("error", "oom", "timeout", "nonfinite")
+_BEST_FIELDS = ("accuracy", "steps", "time_to_best_s", "steps_to_0_9", "step_ms",
+                "final_loss", "n_params")
+
+
+def config_row(config: TrainConfig, module) -> dict:
+    """The descriptive columns of a configuration (everything but the training's outcome)."""
+    state = module.state_size(config.seq_len, config.head_dim) if config.causal else None
+    task = tasks.get(config.task)
+    return {"config_id": config.config_id, "task": config.task,
+            "task_params": config.task_params, "variant": config.variant,
+            "family": module.family, "params": config.params, "seq_len": config.seq_len,
+            "num_kv_pairs": config.task_param_dict.get("num_kv_pairs"),
+            "vocab_size": config.vocab_size, "causal": config.causal,
+            "d_model": config.d_model, "layers": config.layers, "heads": config.heads,
+            "mlp": config.mlp, "batch": config.batch, "max_steps": config.max_steps,
+            "device": config.device, "seed": config.seed, "threads": config.threads,
+            # a decoder's state per example: every layer's heads (Based's "state size")
+            "state_size": None if state is None else config.layers * config.heads * state,
+            "chance": task.chance(config.seq_len, config.vocab_size, **config.task_param_dict),
+            "reach": reach(config, module)}
+
+
+def reach(config: TrainConfig, module) -> float | None:
+    """For a one-layer model whose variant attends over a fixed key pattern (its `key_mask`:
+    windows, block layouts), the share of held-out queries whose answer lies inside the
+    pattern seen from the query, or within the short convolution's reach of it: the recall
+    it can reach by reading; the other queries it can only guess. None for other variants
+    (no pattern, or more layers, which can relay)."""
+    mask = module.key_mask(config.seq_len) if config.layers == 1 else None
+    if mask is None:
+        return None
+    task = tasks.get(config.task)
+    inputs, labels = task.generate(config.test_examples, seq_len=config.seq_len,
+                                   vocab_size=config.vocab_size, seed=2 * config.seed + 1,
+                                   **config.task_param_dict)  # the held-out set (trainer)
+    at = task.answer_at(inputs, labels)
+    rows, cols = (at >= 0).nonzero(as_tuple=True)
+    if len(rows) == 0:
+        return None
+    N = config.seq_len
+    seen = mask(torch.arange(N), torch.arange(N))  # (N, N): query i sees key j
+    if config.causal:
+        seen = seen & torch.ones(N, N, dtype=torch.bool).tril()
+    near = (cols - at[rows, cols]).abs() <= CONV_REACH
+    return float((seen[cols, at[rows, cols]] | near).float().mean())
+
+
+def skip_reasons(config: TrainConfig, module) -> list[str]:
+    """Reasons, declared before running, that the variant cannot be trained here."""
+    reasons = [NO_CUDA] if config.device == "cuda" and not torch.cuda.is_available() else []
+    return reasons + module.unsupported_reasons(
+        device=config.device, dtype=torch.float32, causal=config.causal,
+        seq_len=config.seq_len, head_dim=config.head_dim, backward=True)
+
+
+def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
+    """One row's outcome from the sweep's runs [(lr, result, wall seconds), ...]."""
+    ok = [(lr, r) for lr, r, _ in runs if r["status"] == "ok"]
+    notes = [f"lr={lr:g}: {r['status']}: {r['reason']}" for lr, r, _ in runs
+             if r["status"] != "ok"]
+    untried = [f"{lr:g}" for lr in config.lrs[len(runs):]]
+    if untried:
+        notes.append(f"lr={', '.join(untried)} not run: lr={runs[-1][0]:g} reached "
+                     f"early_stop={config.early_stop:g}")
+    out = {"train_s": sum(w for _, _, w in runs),
+           "lr_accuracy": json.dumps({f"{lr:g}": round(r["accuracy"], 5) if r["status"] == "ok"
+                                      else r["status"] for lr, r, _ in runs})}
+    if not ok:
+        statuses = [r["status"] for _, r, _ in runs]
+        status = min(statuses, key=lambda s: _SEVERITY.index(s) if s in _SEVERITY else -1)
+        return {**out, "status": status, "reason": "; ".join(notes)}
+    lr, best = max(ok, key=lambda x: x[1]["accuracy"])  # the first of equals
+    return {**out, "status": "ok", "reason": "; ".join(notes), "best_lr": lr,
+            **{k: best.get(k) for k in _BEST_FIELDS}}
+
+
+class Sweeper:
+    """The worker process a sweep's runs go to, replaced when it dies or is killed."""
+
+    def __init__(self, log_path: Path):
+        self.log_path, self.worker = log_path, None
+
+    def run(self, config: TrainConfig, lr: float) -> tuple[dict, float]:
+        if self.worker is None or not self.worker.alive():
+            self.worker = Worker("train", self.log_path, config.threads, module=WORKER)
+        start = time.monotonic()
+        got = self.worker.call({"config": config.to_json(), "lr": lr},
+                               f"train {config.config_id} {config.label()} lr={lr:g}",
+                               config.timeout_s, config.timeout_s)
+        if got["status"] == "oom" or not self.worker.alive():  # a fresh heap next time
+            self.close()
+        return got, time.monotonic() - start
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
+def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_path: Path,
+          bar=None) -> Counter:
+    """Append one row per configuration not in `done`, in order; counts rows by status.
+
+    Shared by the serial run (below) and each shard of a sharded one (harness.cluster).
+    """
+    store.open()
+    counts, sweeper = Counter(), Sweeper(log_path)
+    try:
+        for config in configs:
+            if config.config_id in done:
+                continue
+            module = variants.build(config.variant, **config.param_dict)
+            row = config_row(config, module)
+            reasons = skip_reasons(config, module)
+            if reasons:
+                row.update(status="skipped", reason="; ".join(reasons))
+            else:
+                runs = []
+                for lr in config.lrs:
+                    if bar is not None:
+                        bar.set_postfix_str(f"{config.label()} lr={lr:g}", refresh=True)
+                    got, wall = sweeper.run(config, lr)
+                    runs.append((lr, got, wall))
+                    if got["status"] == "ok" and got["accuracy"] >= config.early_stop:
+                        break
+                row.update(combine(config, runs))
+            store.append(row)
+            counts[row["status"]] += 1
+            if bar is not None:
+                bar.update(1)
+    finally:
+        sweeper.close()
+        store.close()
+    return counts
+
+
+def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: bool) -> Counter:
+    """Train every configuration not yet in the store; returns the rows written by status."""
+    done = store.done_ids() if resume else set()
+    meta = store.read_meta() if resume else {}
+    threads = configs[0].threads if configs else 1
+    meta.update(environment(threads))
+    busy = meta["load_average_start"][0]
+    if busy > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {busy} on {os.cpu_count()} cores: other work slows "
+              "this sweep and distorts its times (accuracy does not depend on it)",
+              file=sys.stderr)
+    meta.setdefault("started", now())
+    meta.setdefault("sessions", []).append({"started": now(), "ended": None})
+    meta.update({"matrix": matrix, "configs": len(configs), "ended": None})
+    store.write_meta(meta)
+    bar = tqdm(total=len(configs), initial=sum(c.config_id in done for c in configs),
+               unit="config", file=sys.stderr, dynamic_ncols=True)
+    try:
+        return sweep(configs, store, done, store.folder / "train_worker.log", bar)
+    finally:
+        bar.close()
+        meta["sessions"][-1]["ended"] = meta["ended"] = now()
+        meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        store.write_meta(meta)
+
+
+def summary_line(n: int, counts: Counter, earlier: int, folder: Path) -> str:
+    """The last line of a sweep: rows written by status, configurations done earlier."""
+    summary = ", ".join(f"{s} {counts[s]}" for s in STATUSES)
+    return (f"{n} configurations: {summary}"
+            f"{f' ({earlier} done earlier)' if earlier else ''} -> {folder}")

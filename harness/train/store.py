@@ -1,0 +1,78 @@
+"""A run folder's train.csv (one row per trained configuration) and train_meta.json.
+
+A training sweep may share its folder with a benchmark run (results.csv, meta.json) or
+model drift (model.csv): the report then sets accuracy against measured time. Resume rule,
+as for `run`: a folder is resumed only when its train_meta.json holds the same normalised
+matrix; every configuration id already in train.csv (whatever its status) is done and
+skipped. A partial last line (a run killed while writing) is cut off before appending. A
+folder that holds files but no attnbench run (meta.json, model_meta.json or
+train_meta.json) is not touched.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.files import META, MODEL_META, TRAIN_COLUMNS, TRAIN_CSV, TRAIN_META, CsvLog, write_json
+
+
+class TrainStore:
+    def __init__(self, folder: Path, csv_path: Path | None = None):
+        self.folder = Path(folder)
+        # a shard of a sharded sweep appends to its own file (harness.cluster.trained)
+        self.csv_path = Path(csv_path) if csv_path is not None else self.folder / TRAIN_CSV
+        self.meta_path = self.folder / TRAIN_META
+
+    def check(self, matrix: dict) -> bool:
+        """UsageError unless the folder is absent, empty, another attnbench run without a
+        sweep, or a sweep of this matrix; True when there is a sweep to resume."""
+        if not self.folder.exists():
+            return False
+        if not self.folder.is_dir():
+            raise UsageError(f"{self.folder} exists and is not a folder")
+        entries = {p.name for p in self.folder.iterdir()}
+        if not entries:
+            return False
+        if not ({META, MODEL_META, TRAIN_META} & entries):
+            raise UsageError(f"{self.folder} exists and is not an attnbench run (no {META}, "
+                             f"{MODEL_META} or {TRAIN_META}); choose another --run-id or "
+                             "--results-dir")
+        if not self.meta_path.is_file():
+            if self.csv_path.exists():
+                raise UsageError(f"{self.csv_path} exists without {TRAIN_META}; not resuming "
+                                 "(choose another --run-id)")
+            return False
+        try:
+            old = json.loads(self.meta_path.read_text())
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{self.meta_path} is not valid JSON ({e}); not resuming") from None
+        if old.get("matrix") != matrix:
+            raise UsageError(f"{self.folder} holds a training sweep of a different matrix; "
+                             "resuming needs the same preset/config and flags (or choose "
+                             "another --run-id)")
+        header = CsvLog(self.csv_path, TRAIN_COLUMNS).header()
+        if header is not None and header != TRAIN_COLUMNS:
+            raise UsageError(f"{self.csv_path} has other columns than this version writes")
+        return True
+
+    def done_ids(self) -> set[str]:
+        """Configuration ids already in the file, after cutting off a partial last line."""
+        return {r["config_id"] for r in CsvLog(self.csv_path, TRAIN_COLUMNS).rows(cut=True)}
+
+    def open(self) -> None:
+        self._log = CsvLog(self.csv_path, TRAIN_COLUMNS)
+        self._log.open()
+
+    def append(self, row: dict) -> None:
+        self._log.append(row)
+
+    def close(self) -> None:
+        self._log.close()
+
+    def read_meta(self) -> dict:
+        return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
+
+    def write_meta(self, meta: dict) -> None:
+        write_json(self.meta_path, meta)

@@ -1,0 +1,139 @@
+"""The small model around a variant: its convolution and the causal flag it hands the
+variant keep the future out; the variant is the registry's, called through its interface.
+
+Planted bugs: a symmetric (centred) convolution, or a block that calls the variant
+non-causally, lets a later token move an earlier logit (causality); a model that ignores
+causal=False cannot tell (the non-causal check); a mixer not built from the registry, or
+built with other parameters (the build check); an untied head counted twice (parameters).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import variants
+from harness.train.model import RecallModel, ShortConv
+
+
+def _model(variant="sdpa", params=None, causal=True, layers=2, mlp=True):
+    torch.manual_seed(0)
+    return RecallModel(variant, params or {}, vocab_size=40, d_model=32, layers=layers,
+                       heads=2, causal=causal, mlp=mlp)
+
+
+def test_short_conv_sees_its_own_and_the_two_previous_positions_only():
+    torch.manual_seed(0)
+    conv = ShortConv(8)
+    x = torch.randn(1, 12, 8)
+    i = 6
+    for j, moves in ((i + 1, False), (i + 5, False), (i - 3, False), (i - 2, True),
+                     (i - 1, True), (i, True)):
+        y = x.clone()
+        y[0, j] += 1.0
+        changed = not torch.allclose(conv(x)[0, i], conv(y)[0, i])
+        assert changed == moves, f"output {i} after changing input {j}"
+
+
+@pytest.mark.parametrize("variant,params", [("sdpa", {}), ("linear", {}),
+                                            ("sliding_window", {"window": 3})])
+def test_a_causal_model_never_reads_a_later_token(variant, params):
+    model = _model(variant, params)
+    tokens = torch.randint(0, 40, (2, 24), generator=torch.Generator().manual_seed(1))
+    i = 10
+    later = tokens.clone()
+    later[:, i + 1:] = (later[:, i + 1:] + 7) % 40
+    with torch.no_grad():
+        a, b = model(tokens), model(later)
+    torch.testing.assert_close(a[:, :i + 1], b[:, :i + 1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(a[:, i + 1:], b[:, i + 1:])
+
+
+def test_a_non_causal_model_reads_later_tokens():
+    model = _model(causal=False)
+    tokens = torch.randint(0, 40, (2, 24), generator=torch.Generator().manual_seed(1))
+    later = tokens.clone()
+    later[:, 20:] = (later[:, 20:] + 7) % 40
+    with torch.no_grad():
+        assert not torch.allclose(model(tokens)[:, :10], model(later)[:, :10])
+
+
+def test_the_mixer_is_the_registered_variant_with_its_parameters():
+    model = _model("performer", {"num_features": 16, "seed": 3}, layers=1)
+    mixer = model.blocks[0].mixer
+    assert type(mixer) is type(variants.build("performer"))
+    assert mixer.params == variants.make_params("performer", num_features=16, seed=3)
+    with pytest.raises(ValueError, match="unknown variant"):
+        _model("no_such_variant")
+    with pytest.raises(ValueError, match="num_features"):
+        _model("performer", {"num_features": 0})
+
+
+def test_a_causal_call_of_a_non_causal_variant_raises_its_reason():
+    model = _model("linformer", {"k": 8}, causal=True, layers=1)
+    with pytest.raises(ValueError, match="non-causal only"):
+        model(torch.zeros(1, 16, dtype=torch.long))
+
+
+def test_scored_positions_only_and_a_tied_head():
+    model = _model(layers=1, mlp=False)
+    tokens = torch.randint(0, 40, (3, 16), generator=torch.Generator().manual_seed(2))
+    where = torch.zeros(3, 16, dtype=torch.bool)
+    where[0, 3] = where[2, 15] = True
+    with torch.no_grad():
+        full, some = model(tokens), model(tokens, where)
+    torch.testing.assert_close(some, full[where])
+    d, V = 32, 40
+    expected = V * d + 3 * d * d + d * d + (3 * d + d) + 2 * (2 * d)  # emb, qkv, out, conv, 2 norms
+    assert model.n_params() == expected
+
+
+def test_state_size_grows_with_n_only_for_a_full_cache():
+    """Based's axis: exact attention keeps every key and value, a window only its own, a
+    linear map a fixed state; a non-causal-only map has no decoder state to report."""
+    D = 16
+    exact, window = variants.build("sdpa"), variants.build("sliding_window", window=8)
+    linear, perf = variants.build("linear"), variants.build("performer", num_features=32)
+    assert exact.state_size(512, D) == 4 * exact.state_size(128, D) == 2 * 512 * D
+    assert window.state_size(4096, D) == window.state_size(64, D) == 2 * 9 * D
+    assert window.state_size(4, D) == 2 * 4 * D  # shorter than the window: what is there
+    assert linear.state_size(64, D) == linear.state_size(8192, D) == D * D + D
+    assert perf.state_size(64, D) == 32 * D + 32
+    assert variants.build("linformer").state_size(64, D) is None
+    assert variants.build("nystrom").state_size(64, D) is None
+
+
+
+def _reach(variant, params, causal=True, layers=1, N=64):
+    import json
+
+    from harness.train.matrix import TrainConfig
+    from harness.train.runner import reach
+
+    c = TrainConfig("mqar", json.dumps({"num_kv_pairs": 8, "power_a": 0.01,
+                                        "random_non_queries": False}, sort_keys=True),
+                    variant, json.dumps(params), N, 64, causal, 32, layers, 2, False, (1e-3,),
+                    8, 10, 0.1, 0.1, 5, 0.99, 50, 200, 0, "cpu", 1, 10.0, 0)
+    return reach(c, variants.build(variant, **params))
+
+
+def test_reach_is_the_share_of_answers_a_pattern_can_see():
+    """Independent of the pattern code: a window sees an answer iff it is at most `window`
+    positions back; the convolution adds two."""
+    from harness.train.tasks import mqar
+
+    x, y = mqar(200, 64, 64, 8, seed=1)  # the held-out set of seed 0
+    dist = []
+    for row, lab in zip(x.tolist(), y.tolist()):
+        first = {}
+        for i, t in enumerate(row):
+            first.setdefault(t, i)
+        dist += [i - first[row[i]] - 1 for i, label in enumerate(lab) if label != -100]
+    for w in (0, 4, 16):
+        share = sum(d <= max(w, 2) for d in dist) / len(dist)
+        assert _reach("sliding_window", {"window": w}) == pytest.approx(share)
+    assert _reach("sliding_window", {"window": 64}) == 1.0
+    assert _reach("sliding_window", {"window": 4}, causal=False) == _reach(
+        "sliding_window", {"window": 4})  # answers are never ahead of their query
+    assert _reach("sdpa", {}) is None and _reach("linear", {}) is None
+    assert _reach("sliding_window", {"window": 4}, layers=2) is None
