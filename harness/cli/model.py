@@ -163,7 +163,7 @@ def model_command(args) -> int:
 
 def default_args(results_dir: Path, run_id: str) -> argparse.Namespace:
     """The model drift of the default job: minilm, the shipped text, N = 512, one window
-    (the whole default job stays under a minute on 2 cores; `model` alone compares 2)."""
+    (one window keeps the default job short; `model` alone compares 2)."""
     p = argparse.ArgumentParser()
     add_model_args(p)
     return p.parse_args(["--results-dir", str(results_dir), "--run-id", run_id,
