@@ -6,6 +6,7 @@
     python run_bench.py compare results/<a> results/<b>
     python run_bench.py list                 # variants, families, parameters
     python run_bench.py model [--model minilm|PATH] [--text FILE]   # drift inside a real model
+    python run_bench.py maps [--layer L --head H --seq-len N --variants ...]  # attention maps
     python run_bench.py train [--preset train-quick|train-cpu|train-gpu]   # trained recall
 
 Bad input ends with a one-line error on stderr and exit status 2.
@@ -25,6 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from harness.cli import maps as cli_maps
     from harness.cli import model as cli_model
     from harness.cli import report as cli_report
     from harness.cli import run as cli_run
@@ -38,12 +40,15 @@ def _parser() -> argparse.ArgumentParser:
     cli_report.add_compare_args(sub.add_parser("compare", help="compare two runs"))
     cli_model.add_model_args(sub.add_parser(
         "model", help="drift of a pretrained model when a variant replaces its attention"))
+    cli_maps.add_maps_args(sub.add_parser(
+        "maps", help="draw the attention maps of one head: exact, each variant, differences"))
     cli_train.add_train_args(sub.add_parser(
         "train", help="train a small model per variant on a recall task (train.csv)"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.cli import maps as cli_maps
     from harness.cli import model as cli_model
     from harness.cli import report as cli_report
     from harness.cli import run as cli_run
@@ -60,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                 "report": cli_report.report_command,
                 "compare": cli_report.compare_command,
                 "model": cli_model.model_command,
+                "maps": cli_maps.maps_command,
                 "train": cli_train.train_command}[args.command](args)
     except UsageError as e:
         print(f"run_bench.py: error: {e}", file=sys.stderr)

@@ -1,23 +1,38 @@
-"""The CUDA path, checked as far as a machine without a GPU allows.
+"""The CUDA path, checked as far as a machine without a GPU allows, and on the GPU itself.
 
 - Every registered variant runs on the `meta` device (shapes and dtypes, no data),
   causal and not, forward and backward where it supports them, and returns `meta`
   outputs and gradients: no tensor inside a variant is created on a fixed device.
-- The harness's CUDA timing (events after a synchronisation) and memory
-  (reset_peak_memory_stats, max_memory_allocated) paths: run on CUDA, skipped elsewhere.
 - Asking for CUDA where there is none: one line, exit status 2, nothing written.
+- Marked `cuda` (`python -m pytest -m cuda`; tools/gpu_check.sh runs them), skipped where
+  CUDA is not available: every variant's own code on the device (the CUDA-only ones:
+  xformers, FlexAttention on CUDA) against the float64 reference or its CPU self, forward
+  and backward, causal and not, at a ragged length; the harness's CUDA timing (events
+  after a synchronisation), memory (reset_peak_memory_stats, max_memory_allocated), the
+  memory guard (mem_get_info), the caching allocator's release, and the matmul rate per
+  dtype. tests/test_harness_memory.py covers the same logic on CPU with torch.cuda stubbed.
 """
+
+import dataclasses
 
 import pytest
 import torch
 
 import run_bench
 import variants
+from test_conformance import lacks
 from harness.measure import memory
 from harness.measure import timing
+from harness.measure.matrix import Case
+from variants import exact_reference, naive_attention
 
 NAMES = variants.names()
 NO_CUDA = "CUDA is not available on this machine"
+
+
+def cuda_only(f):
+    """Marked `cuda`; skipped, naming what is missing, where CUDA is not available."""
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)(f))
 
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -27,10 +42,15 @@ def test_variant_runs_on_the_meta_device(name, causal, backward):
     m = variants.build(name)
     reasons = m.unsupported_reasons(device="meta", dtype=torch.float32, causal=causal,
                                     seq_len=300, head_dim=16, backward=backward)
-    if reasons:
-        pytest.skip(f"declared unsupported: {'; '.join(reasons)}")
     q, k, v = (torch.empty(2, 3, 300, 16, device="meta", requires_grad=backward)
                for _ in range(3))
+    if reasons:  # declared: forward refuses with the reason, never computes something else
+        with pytest.raises(ValueError) as e, torch.set_grad_enabled(backward):
+            m(q, k, v, causal=causal)
+        assert reasons[0] in str(e.value)
+        if lacks(reasons):
+            pytest.skip(f"this machine lacks what it needs: {'; '.join(reasons)}")
+        return
     with torch.set_grad_enabled(backward):
         o = m(q, k, v, causal=causal)
     assert o.device.type == "meta" and o.shape == q.shape and o.dtype == q.dtype
@@ -55,7 +75,7 @@ def test_cpu_timing_does_not_take_the_event_path(monkeypatch):
     assert t.repeats >= 3 and t.time_ms > 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+@cuda_only
 def test_cuda_events_time_the_gpu_work():
     dev = torch.device("cuda")
     a = torch.randn(2048, 2048, device=dev)
@@ -68,7 +88,7 @@ def test_cuda_events_time_the_gpu_work():
     assert big.time_ms > 4 * small.time_ms
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+@cuda_only
 def test_cuda_peak_memory_counts_the_call_only():
     dev = torch.device("cuda")
     held = torch.empty(64 * 2**20, dtype=torch.uint8, device=dev)  # allocated before
@@ -85,3 +105,96 @@ def test_asking_for_cuda_without_it_is_a_usage_error(argv, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "cuda" in err[0].lower(), err
     assert not (tmp_path / "r").exists()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+@cuda_only
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", NAMES)
+def test_variant_on_cuda_matches_the_reference_or_its_cpu_self(name, causal, backward):
+    """Each variant's own code on the device at N = 300 (a multiple of no block size: the
+    ragged-tail branches run). Exact and pattern-exact variants (xformers, FlexAttention
+    and SDPA-with-mask included) against float64 attention on their pattern, outputs and
+    gradients; approximate ones against the same module on CPU (their random state is
+    drawn on CPU from the seed, so both hold the same projections and features)."""
+    check_against_reference(torch.device("cuda"), name, causal, backward)
+
+
+def check_against_reference(dev: torch.device, name: str, causal: bool, backward: bool) -> None:
+    N = 300
+    m = variants.build(name)
+    reasons = m.unsupported_reasons(device=dev, dtype=torch.float32, causal=causal, seq_len=N,
+                                    head_dim=64, backward=backward)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, N, 64, generator=g) for _ in range(3))
+    qc, kc, vc = (t.detach().clone().to(dev).requires_grad_(backward) for t in (q, k, v))
+    if reasons:
+        with pytest.raises(ValueError) as e, torch.set_grad_enabled(backward):
+            m(qc, kc, vc, causal=causal)
+        assert reasons[0] in str(e.value)
+        if lacks(reasons):
+            pytest.skip(f"this machine lacks what it needs: {'; '.join(reasons)}")
+        return
+    m.prepare(qc, kc, vc, causal, backward=backward)
+    with torch.set_grad_enabled(backward):
+        o = m(qc, kc, vc, causal=causal)
+    assert o.device == qc.device and o.shape == q.shape and torch.isfinite(o).all()
+    spec = variants.spec(name)
+    qr, kr, vr = (t.detach().double().requires_grad_(backward) for t in (q, k, v))
+    if spec.exact or spec.pattern_exact:
+        mask = m.key_mask(N)
+        with torch.set_grad_enabled(backward):
+            ref = naive_attention(qr, kr, vr, causal, key_mask=mask)
+        assert _rel(o, exact_reference(q, k, v, causal, key_mask=mask)) < 1e-4
+    else:
+        with torch.set_grad_enabled(backward):
+            ref = variants.build(name)(qr.float(), kr.float(), vr.float(), causal=causal)
+    assert _rel(o, ref) < 1e-3, _rel(o, ref)
+    if backward:
+        o.sum().backward()
+        ref.sum().backward()
+        for got, want in ((qc, qr), (kc, kr), (vc, vr)):
+            assert _rel(got.grad, want.grad) < 1e-3, (_rel(got.grad, want.grad))
+
+
+def _cuda_case(variant: str, N: int) -> Case:
+    return Case(variant, "{}", "cuda", "float32", 1, 8, 64, N, False, "forward", "gaussian",
+                0, 0.05, 3, 60.0, 1, 256, 0)
+
+
+@cuda_only
+def test_cuda_guard_reads_the_devices_free_memory():
+    std = variants.build("standard")
+    free_mib = memory.cuda_free_bytes() / 2**20
+    huge = _cuda_case("standard", 2**20)  # scores alone: 8 heads x 4 TiB
+    reason = memory.MemoryGuard().refuse_reason(huge, std)
+    assert reason and "free CUDA memory" in reason, reason
+    assert memory.MemoryGuard().refuse_reason(_cuda_case("standard", 1024), std) is None
+    assert free_mib > 0
+
+
+@cuda_only
+def test_release_hands_cached_blocks_back():
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    del x
+    held = torch.cuda.memory_reserved()
+    assert held >= 256 * 2**20
+    memory.release("cuda")
+    assert torch.cuda.memory_reserved() <= held - 256 * 2**20
+
+
+@cuda_only
+def test_cuda_matmul_rate_in_each_dtype():
+    from harness.measure import store
+
+    cases = [_cuda_case("sdpa", 64), dataclasses.replace(_cuda_case("sdpa", 64), dtype="bfloat16")]
+    rates = store.matmul_rates(cases, 1, {"cpu float32": 1.0})
+    assert set(rates) == {"cpu float32", "cuda float32", "cuda bfloat16"}
+    assert all(r > 0 for r in rates.values())
+    # the 8192 x 8192 operands (256 MiB each in float32) were freed and handed back
+    assert torch.cuda.memory_reserved() < 512 * 2**20

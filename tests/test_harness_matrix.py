@@ -27,9 +27,6 @@ def test_expansion_is_a_product_with_defaults_filled_in():
 
 
 def test_params_are_full_sorted_json_and_ids_stable():
-    name = "nystrom" if "nystrom" in variants.names() else None
-    if name is None:
-        pytest.skip("nystrom is not registered")
     m = mx.normalise({"variants": {"nystrom": [{"num_landmarks": 8}]}, "seq_lens": [64]})
     (case,) = mx.expand(m)
     full = json.loads(case.params)
@@ -71,14 +68,41 @@ def test_narrowing_overrides():
         mx.normalise({"variants": "all"}, {"variants": ["nope"]})
 
 
-@pytest.mark.parametrize("preset", ["quick", "cpu", "gpu"])
-def test_presets_load(preset):
-    raw = mx.read_toml(preset)
-    missing = [n for n in raw.get("params", {}) if n not in variants.names()]
-    if missing:
-        pytest.skip(f"preset names variants not registered yet: {', '.join(missing)}")
+PRESETS = sorted(p.stem for p in mx.PRESET_DIR.glob("*.toml"))
+
+
+def test_every_preset_is_tested():
+    assert {"quick", "cpu", "gpu", "gpu-smoke", "scaling"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_presets_expand_and_every_case_is_planned(preset):
+    """Each preset is checked (an unknown variant or parameter fails it), expanded, and
+    each case built and planned as `--dry-run` would: FLOPs, exactness, declared skips."""
+    from harness.measure import estimate
+
     _, cases = mx.load(preset)
     assert cases
+    planned = estimate.plan_cases(cases, 1e11)
+    assert len(planned) == len(cases)
+    ran = [c for c, why, _ in planned if not why]
+    assert ran, f"every case of {preset} is declared unsupported"
+    raw = mx.read_toml(preset)
+    named = set(raw.get("params", {})) | {n for g in raw.get("groups", [])
+                                           for n in g.get("variants", []) if isinstance(n, str)}
+    assert named <= {c.variant for c in cases}  # every variant it names is in its cases
+
+
+def test_a_misspelt_variant_in_a_presets_params_fails_it(tmp_path):
+    """An unknown name under [params] is an error, never a skip (issue 19: `nystorm`)."""
+    planted = mx.read_toml("cpu")
+    text = (mx.PRESET_DIR / "cpu.toml").read_text().replace(
+        "nystrom = [{num_landmarks = 32}", "nystorm = [{num_landmarks = 32}")
+    assert text != (mx.PRESET_DIR / "cpu.toml").read_text() and "params" in planted
+    bad = tmp_path / "cpu.toml"
+    bad.write_text(text)
+    with pytest.raises(UsageError, match="params: unknown variant 'nystorm'"):
+        mx.load(str(bad))
 
 
 def _cli(tmp_path, *args):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 
 from harness.measure.matrix import Case
+from harness.measure import memory
 from harness.measure.memory import MALLOC_ENV, MemoryGuard
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,3 +63,105 @@ def test_guard_uses_a_declared_prediction():
             assert dtype is torch.float32
             return 2**60
     assert "declared by the variant" in MemoryGuard().refuse_reason(_case(64), Declares())
+
+
+def _masked_case(variant: str, N: int, backward: bool = False) -> Case:
+    import variants
+
+    params = json.dumps(dataclasses.asdict(variants.make_params(variant)), sort_keys=True)
+    return Case(variant, params, "cpu", "float32", 1, 1, 64, N, False,
+                "forward_backward" if backward else "forward", "gaussian", 0, 0.05, 3, 300.0,
+                2, 256, 0)
+
+
+def test_masked_sdpa_memory_includes_its_mask_and_matches_memory_bytes(tmp_path):
+    """The memory worker at N = 8192: the N x N bool mask (64 MiB) the masked-SDPA variants
+    keep is their `state_mib`, and state + one call's peak is within 20% of `memory_bytes`
+    (the figure the memory guard refuses cases by)."""
+    import variants
+    from harness.measure.runner import Worker
+
+    N = 8192
+    worker = Worker("memory", tmp_path / "worker.log", threads=2)
+    try:
+        for variant in ("block_sparse_sdpa_mask", "sliding_window_sdpa_mask", "sdpa"):
+            case = _masked_case(variant, N)
+            got = worker.run(case, timeout_s=300)
+            assert got["status"] == "ok", got
+            total = got["peak_mem_mib"] + got["state_mib"]
+            if variant == "sdpa":  # nothing kept between calls
+                assert got["state_mib"] < 2, got
+                continue
+            assert abs(got["state_mib"] - N * N / 2**20) < 2, got  # the mask, 64 MiB
+            predicted = variants.build(variant).memory_bytes(1, 1, N, 64, torch.float32) / 2**20
+            assert abs(total - predicted) <= 0.2 * total, (variant, got, predicted)
+    finally:
+        worker.close()
+
+
+def test_guard_on_cuda_reads_the_devices_free_memory(monkeypatch):
+    """No GPU here: torch.cuda.mem_get_info is replaced by a stub (nothing else gives the
+    guard a device's free memory). The same check runs for real in
+    tests/test_device_paths.py where CUDA is available."""
+    calls = []
+
+    def mem_get_info(device):
+        calls.append(torch.device(device))
+        return 10 * 2**30, 80 * 2**30  # 10 GiB free of 80
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    import variants
+
+    std = variants.build("standard")
+    big = Case("standard", "{}", "cuda", "float32", 1, 8, 64, 32768, False, "forward",
+               "gaussian", 0, 0.1, 3, 10.0, 1, 256, 0)  # scores and probabilities: 64 GiB
+    reason = MemoryGuard().refuse_reason(big, std)
+    assert reason and "free CUDA memory 10240 MiB" in reason and "declared" in reason, reason
+    small = dataclasses.replace(big, seq_len=4096)  # 1 GiB: fits in 80% of 10 GiB
+    assert MemoryGuard().refuse_reason(small, std) is None
+    assert calls and all(d.type == "cuda" for d in calls)
+    # no prediction (sdpa declares none, nothing measured yet): nothing to refuse by
+    sdpa = dataclasses.replace(big, variant="sdpa")
+    assert MemoryGuard().refuse_reason(sdpa, variants.build("sdpa")) is None
+
+
+def test_release_empties_the_cuda_cache_only_for_cuda(monkeypatch):
+    """torch.cuda stubbed (no GPU here): release("cuda") hands the caching allocator's free
+    blocks back; on CPU it does nothing. Run for real in tests/test_device_paths.py."""
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    memory.release("cpu")
+    assert emptied == []
+    memory.release("cuda")
+    assert emptied == [True]
+
+
+def test_each_device_and_dtype_gets_its_own_matmul_rate(monkeypatch):
+    """The runner sets a CUDA run's GFLOP/s against the matmul rate of that device in that
+    dtype. torch.cuda.is_available is stubbed to True (no GPU here) and the measurement
+    recorded instead of run; the real one runs in tests/test_device_paths.py."""
+    from harness.measure import store
+
+    measured = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(store, "matmul_gflops",
+                        lambda device, dtype, threads, n=None: measured.append((device, dtype))
+                        or 1000.0)
+    base = _case(64)
+    cases = [dataclasses.replace(base, device=d, dtype=t)
+             for d, t in (("cpu", "float32"), ("cuda", "bfloat16"), ("cuda", "float32"),
+                          ("cuda", "bfloat16"), ("cpu", "bfloat16"))]
+    rates = store.matmul_rates(cases, 2, {"cpu float32": 50.0})
+    assert rates == {"cpu float32": 50.0, "cuda bfloat16": 1000.0, "cuda float32": 1000.0,
+                     "cpu bfloat16": 1000.0}
+    assert measured == [("cuda", "bfloat16"), ("cuda", "float32"), ("cpu", "bfloat16")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "cuda float32" not in store.matmul_rates(cases, 2, {"cpu float32": 50.0})
+
+
+def test_cpu_matmul_rate_in_another_dtype_is_measured():
+    from harness.measure import store
+
+    rate = store.matmul_gflops("cpu", "float64", 1, n=256)
+    assert 0 < rate < 1e5

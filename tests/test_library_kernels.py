@@ -101,3 +101,18 @@ def test_a_family_with_one_implementation_has_no_group():
     df = pd.DataFrame([_row("sliding_window", 512, 1.0), _row("linear", 512, 1.0, family="linear")])
     blocks = implementations_blocks(df)
     assert [b for b in blocks if b[0] == "table"] == []
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name, params", [("sliding_window_sdpa_mask", {"window": 5}),
+                                          ("block_sparse_sdpa_mask", {"block_size": 4})])
+def test_sdpa_mask_built_in_row_blocks_is_the_pattern(monkeypatch, name, params, causal):
+    """The N x N mask is filled a few rows at a time (no int64 N x N temporary); with
+    blocks of 3 to 4 rows, a ragged last block included, it is still the whole pattern."""
+    from variants import dense_mask, sdpa_mask
+
+    monkeypatch.setattr(sdpa_mask, "_BLOCK_PAIRS", 101)
+    for n in (1, 33, 100):
+        m = variants.build(name, **params)
+        want = dense_mask(n, causal, m.key_mask(n))
+        assert torch.equal(m.mask(n, causal, torch.device("cpu")), want), n

@@ -313,3 +313,11 @@ def test_softmax_logsumexp_matches_torch_and_its_gradient():
     small = u[:, :, :2, :6].clone().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: _SoftmaxLogSumExp.apply(x), (small,))
     assert torch.autograd.gradcheck(lambda x: _SoftmaxLogSumExp.apply(x)[1], (small,))
+
+
+def test_performer_with_redraw_has_no_one_map():
+    """Each call draws new features: no single weights(q, k) gives the next output."""
+    q, k, _ = (torch.randn(1, 1, 16, 8) for _ in range(3))
+    with pytest.raises(ValueError, match="draws new features on every call"):
+        variants.build("performer", redraw=True).weights(q, k)
+    assert variants.build("performer").weights(q, k).shape == (1, 1, 16, 16)

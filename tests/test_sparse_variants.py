@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import variants
 from variants.reference import dense_mask, exact_reference, naive_attention
+from dispatch_probe import LargestOutput
 
 CASES = [
     ("sliding_window", dict(window=0)),
@@ -168,21 +168,6 @@ def test_band_matches_xformers_local_mask(N, window):
 
 # -- memory structure: nothing of N x N size, forward or backward -----------------------------
 
-class _LargestOutput(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an aten op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("name,params", [
     ("sliding_window", dict(window=32)),
     ("block_sparse", dict(block_size=32)),
@@ -198,7 +183,7 @@ def test_no_n_by_n_tensor(name, params, causal):
         saved.append(t.numel())
         return t
 
-    mode = _LargestOutput()
+    mode = LargestOutput()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mode:
         m(q, k, v, causal).sum().backward()
     # Each query scores <= ~260 keys here; an N x N implementation makes (and saves for

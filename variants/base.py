@@ -18,6 +18,10 @@ import torch
 # query i may attend key j. They describe a pattern without ever materialising N x N.
 KeyMask = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
+# Longest sequence `Variant.weights` returns a map for: the map is (B, H, N, N), 64 MiB per
+# head in float32 at this length.
+WEIGHTS_MAX_N = 4096
+
 
 @dataclasses.dataclass(frozen=True)
 class NoParams:
@@ -45,6 +49,9 @@ class Variant(torch.nn.Module):
     # Runs a torch.compile'd kernel: each new dtype, pattern, causal flag (and the first
     # length) compiles for seconds, in `prepare`. Tests give such variants few shapes.
     compiles: ClassVar[bool] = False
+    # Calls of the measured pass that `prepare` makes (a compile runs the kernel once):
+    # the harness subtracts that many steady-state calls from `compile_ms`.
+    prepare_calls: ClassVar[int] = 0
 
     def __init__(self, params=None):
         super().__init__()
@@ -96,11 +103,70 @@ class Variant(torch.nn.Module):
         """One-time work for this case before anything is timed; True when there was some.
 
         Library kernels compile here (torch.compile) and build their masks for q's length
-        and device; the harness times this call into `compile_ms`, never into `time_ms`.
-        `backward`: the case also runs the backward pass (compile that too). The default
-        does nothing and returns False (the harness then leaves `compile_ms` empty).
+        and device; the harness times this call, less `prepare_calls` steady-state calls,
+        into `compile_ms`, never into `time_ms`. `backward`: the case also runs the
+        backward pass (compile that too). The default does nothing and returns False (the
+        harness then leaves `compile_ms` empty).
         """
         return False
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        """Whether this setting computes exact softmax attention at this length.
+
+        True for exact variants; an approximate one says True where its setting covers
+        every (query, key) pair (a window >= N - 1, a layout of every block, one landmark
+        or segment per token), so that the report never offers it as an approximation.
+        The default: the class's `exact`.
+        """
+        return self.exact
+
+    # -- the attention weights it implies ------------------------------------------
+    def weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """The attention weights this variant implies, (B, H, N, N): forward(q, k, v, causal)
+        equals weights(q, k, causal) @ v to rounding, for every v.
+
+        For looking at small cases (the report's attention maps) and for checking a variant
+        against its own output; refused with ValueError and the reasons of
+        `weights_reasons` (above WEIGHTS_MAX_N, a case forward refuses, a variant that does
+        not say what weights it implies).
+        """
+        check_qkv(q, k, k)
+        reasons = self.weights_reasons(device=q.device, dtype=q.dtype, causal=causal,
+                                       seq_len=q.shape[-2], head_dim=q.shape[-1])
+        if reasons:
+            raise ValueError("; ".join(reasons))
+        return self.attention_weights(q, k, causal)
+
+    def weights_reasons(self, *, device: torch.device | str, dtype: torch.dtype, causal: bool,
+                        seq_len: int, head_dim: int) -> list[str]:
+        """Why `weights` cannot give this case's map; empty when it can."""
+        reasons = self.unsupported_reasons(device=device, dtype=dtype, causal=causal,
+                                           seq_len=seq_len, head_dim=head_dim)
+        if seq_len > WEIGHTS_MAX_N:
+            reasons.append(f"{self.name}.weights returns an N x N map per head: refused above "
+                           f"N = {WEIGHTS_MAX_N}, got N = {seq_len}")
+        if not self.has_weights():
+            reasons.append(f"{self.name} does not say what attention weights it implies "
+                           "(no attention_weights method)")
+        return reasons + self.extra_weights_reasons()
+
+    def extra_weights_reasons(self) -> list[str]:
+        """Variant-specific reasons `weights` cannot give a map; override where needed."""
+        return []
+
+    def has_weights(self) -> bool:
+        """Whether this variant can say what weights it implies: it has its own
+        `attention_weights`, or it is exact or exact on a key pattern (softmax over it)."""
+        cls = type(self)
+        return (cls.attention_weights is not Variant.attention_weights or cls.exact
+                or cls.key_mask is not Variant.key_mask)
+
+    def attention_weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+        """(B, H, N, N) weights, called by `weights` after its checks. This default serves
+        exact and pattern-exact variants: softmax over the keys the pattern allows."""
+        from .reference import softmax_weights  # reference imports this module
+
+        return softmax_weights(q, k, causal, key_mask=self.key_mask(q.shape[-2]))
 
     # -- description ------------------------------------------------------------------
     def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:

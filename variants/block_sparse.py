@@ -36,6 +36,7 @@ run --preset scaling`, results/scaling-h8-v3 against the same preset at commit 6
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -60,9 +61,11 @@ class BlockSparseParams:
     seed: int = param(0, doc="seed of the random blocks", min=0)
 
 
+@functools.lru_cache(maxsize=16)
 def bigbird_layout(nb: int, window_blocks: int, global_blocks: int, random_blocks: int,
                    seed: int) -> torch.Tensor:
-    """The non-causal bool [nb, nb] BigBird block layout (CPU)."""
+    """The non-causal bool [nb, nb] BigBird block layout (CPU); read-only: it is cached,
+    since modules of one setting (a plan's cases, the library kernels' SameLayout) share it."""
     i = torch.arange(nb)[:, None]
     j = torch.arange(nb)[None, :]
     fixed = ((i - j).abs() <= window_blocks) | (j < global_blocks) | (i < global_blocks)
@@ -115,6 +118,17 @@ class BlockSparse(Variant):
         def allowed(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
             return in_layout(lay.to(i.device), b, i[:, None], j[None, :])  # (c, n)
         return allowed
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        """True when the layout holds every block (causal: every block on or below the
+        diagonal): at N = 512 a block size of 128 is 4 x 4 blocks, all of them in it."""
+        p = self.params
+        nb = math.ceil(seq_len / p.block_size)
+        most = nb * (2 * p.window_blocks + 1 + 2 * p.global_blocks + p.random_blocks)
+        if most < (nb * (nb + 1) // 2 if causal else nb * nb):  # too few blocks to cover
+            return False
+        lay = self._layout(seq_len)
+        return bool(lay.tril().eq(torch.ones_like(lay).tril()).all() if causal else lay.all())
 
     def state_size(self, N, D):
         return 2 * N * D  # random and global blocks reach any past key: the whole cache
@@ -184,6 +198,9 @@ class SameLayout:
 
     def key_mask(self, seq_len: int) -> KeyMask:
         return self._pattern.key_mask(seq_len)
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        return self._pattern.exact_at(seq_len, causal)
 
 
 def _gather(xp: torch.Tensor, cols: torch.Tensor, span) -> torch.Tensor:

@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from .base import Variant, param, softmax_logsumexp
-from .linear_core import block_rows, causal_linear_attention, core_flops, kernel_attention
+from .linear_core import (block_rows, causal_linear_attention, core_flops, kernel_attention,
+                          kernel_weights)
 from .registry import register
 
 # Chunk length of the causal scheme. Per row the intra-chunk form costs 2 C (M + D) FLOPs
@@ -114,6 +115,10 @@ class Linear(Variant):
             o = kernel_attention(q, k, v, self.phi, lambda kb: (self.phi(kb), None), eps,
                                  rows=block_rows(B, H, D))
         return o.to(q.dtype)
+
+    def attention_weights(self, q, k, causal):
+        fq, fk = self.feature_maps(q, k)  # (B, H, N, D)
+        return kernel_weights(fq, fk, self.params.eps, causal).to(q.dtype)
 
     def flops(self, B, H, N, D, causal=False):
         return B * H * core_flops(N, D, D, causal, _CHUNK_LINEAR)
@@ -226,6 +231,16 @@ class Performer(Variant):
             o = kernel_attention(q, k, v, phi_q, phi_k, eps,
                                  rows=block_rows(B, H, self.params.num_features))
         return o.to(q.dtype)
+
+    def extra_weights_reasons(self):
+        if self.params.redraw:
+            return ["performer(redraw=True) draws new features on every call, so no one map "
+                    "gives its next output"]
+        return []
+
+    def attention_weights(self, q, k, causal):
+        fq, fk = self.feature_maps(q, k)  # (B, H, N, m)
+        return kernel_weights(fq, fk, torch.finfo(fq.dtype).tiny, causal).to(q.dtype)
 
     def state_size(self, N, D):
         m = self.params.num_features

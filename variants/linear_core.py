@@ -90,6 +90,15 @@ def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phi_q, p
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
+def kernel_weights(fq: torch.Tensor, fk: torch.Tensor, eps: float, causal: bool) -> torch.Tensor:
+    """The weights a_ij / (sum_j a_ij + eps), a_ij = fq_i . fk_j (causal: j <= i), (B, H, N, N):
+    what `kernel_attention` and `causal_linear_attention` multiply v by, made dense."""
+    a = fq @ fk.transpose(-1, -2)  # (B, H, N, N)
+    if causal:
+        a = a.tril_()
+    return a / (a.sum(dim=-1, keepdim=True) + eps)
+
+
 def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float,
                             chunk: int) -> torch.Tensor:
     """Causal kernelised attention by chunked prefix sums; fq, fk (B, H, N, M), v (B, H, N, D).
@@ -127,6 +136,59 @@ def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
         den = den.add_(fq @ z.unsqueeze(-1))
     o = num / (den + eps)
     return o.reshape(B, H, n * C, D)[:, :, :N]  # (B, H, N, D)
+
+
+def causal_kernel_sum(fq: torch.Tensor, fk: torch.Tensor, x: torch.Tensor, chunk: int,
+                      reverse: bool = False) -> torch.Tensor:
+    """sum_{j <= i} (fq_i . fk_j) x_j for every i (reverse: sum_{j >= i}), by chunked prefix
+    (suffix) sums; fq, fk (B, H, N, M), x (B, H, N, E) -> (B, H, N, E), unnormalised.
+
+    The scheme of `causal_linear_attention` with the value and normaliser columns in one
+    x: within a chunk of C rows the masked C x C form, across chunks an (M, E) state per
+    chunk summed over the chunks before (after) it. O(N (C M + C E + M E)) time, O(N (M +
+    C) + N M E / C) memory per head, forward and backward.
+    """
+    B, H, N, M = fq.shape
+    E = x.shape[-1]
+    C = min(chunk, N)
+    n = -(-N // C)
+    pad = n * C - N
+    if pad:  # zero features add nothing; padded rows are dropped
+        fq, fk, x = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, x))
+    fq = fq.reshape(B, H, n, C, M)  # (B, H, n, C, M)
+    fk = fk.reshape(B, H, n, C, M)
+    x = x.reshape(B, H, n, C, E)  # (B, H, n, C, E)
+    a = fq @ fk.transpose(-1, -2)  # (B, H, n, C, C)
+    # In place: matmul saves its operands, not its output.
+    out = (a.triu_() if reverse else a.tril_()) @ x  # (B, H, n, C, E)
+    if n > 1:
+        scan = _ExclusiveSuffixSum if reverse else _ExclusivePrefixSum
+        S = scan.apply(fk.transpose(-1, -2) @ x)  # (B, H, n, M, E)
+        out = out.add_(fq @ S)
+    return out.reshape(B, H, n * C, E)[:, :, :N]
+
+
+def lagged_kernel_sum(fq: torch.Tensor, fk: torch.Tensor, x: torch.Tensor, lag: int,
+                      chunk: int, reverse: bool = False) -> torch.Tensor:
+    """sum_{j <= i - lag} (fq_i . fk_j) x_j (reverse: sum_{j >= i + lag}); shapes as
+    `causal_kernel_sum`. The keys and x are shifted by `lag` rows (zeros enter), so the
+    chunked scheme runs unchanged; lag >= N gives zeros."""
+    B, H, N, _ = fq.shape
+    if lag >= N:
+        return x.new_zeros(B, H, N, x.shape[-1])
+    shift = (0, 0, -lag, lag) if reverse else (0, 0, lag, -lag)  # pad one end, crop the other
+    return causal_kernel_sum(fq, F.pad(fk, shift), F.pad(x, shift), chunk, reverse)
+
+
+def lagged_kernel_flops(N: int, M: int, E: int, chunk: int) -> int:
+    """Forward matmul FLOPs per head of `causal_kernel_sum` (and of the lagged form): with
+    C = min(chunk, N), P = ceil(N / C) C padded rows, 2 P C M (scores) + 2 P C E (their
+    product with x), and when there is more than one chunk 2 P M E (chunk states) +
+    2 P M E (their read-out)."""
+    C = min(chunk, N)
+    n = -(-N // C)
+    P = n * C
+    return 2 * P * C * (M + E) + (4 * P * M * E if n > 1 else 0)
 
 
 class _ExclusivePrefixSum(torch.autograd.Function):
@@ -183,3 +245,29 @@ def core_flops(N: int, M: int, D: int, causal: bool, chunk: int) -> int:
     if causal:
         return chunked_flops(N, M, D, chunk)
     return 4 * N * M * (D + 1)
+
+
+class _ExclusiveSuffixSum(torch.autograd.Function):
+    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, c + 1:]; out[:, :, n - 1] = 0.
+
+    `_ExclusivePrefixSum` run from the other end (the same one-pass loop; backward the
+    forward scan)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.empty_like(x)
+        n = x.shape[2]
+        out[:, :, n - 1].zero_()
+        for c in range(n - 2, -1, -1):
+            torch.add(out[:, :, c + 1], x[:, :, c + 1], out=out[:, :, c])
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        # x[c] reaches out[:c], so gx[c] = sum of g[:c], a forward scan.
+        g = g.contiguous()
+        gx = torch.empty_like(g)
+        gx[:, :, 0].zero_()
+        for c in range(g.shape[2] - 1):
+            torch.add(gx[:, :, c], g[:, :, c], out=gx[:, :, c + 1])
+        return gx

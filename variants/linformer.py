@@ -93,6 +93,11 @@ class Linformer(Variant):
                     f"(projects to more rows than there are keys)"]
         return []
 
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        # One segment per token: every key is its own pooled key (the module docstring).
+        # Gaussian projections mix keys at any k.
+        return self.params.projection == "mean_pool" and self.params.k >= seq_len
+
     # -- cached per length state -----------------------------------------------------
     def projections(self, N: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The gaussian (E, F), each (k, N), drawn from `seed` on first use of this key."""
@@ -141,6 +146,23 @@ class Linformer(Variant):
                 scores += offsets
             outs.append(torch.softmax(scores, dim=-1) @ vp)  # (B, H, rows, D)
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # (B, H, N, D)
+
+    def attention_weights(self, q, k, causal):
+        """softmax(q (E k)^T / sqrt(D)) F, (B, H, N, N): the scores over the k projected keys
+        mapped back through the value projection (mean_pool: each pooled key's weight spread
+        evenly over its segment)."""
+        N, D = q.shape[-2], q.shape[-1]
+        if self.params.projection == "gaussian":
+            E, F = self.projections(N, q.device, q.dtype)
+            scores = q @ ((E @ k) * softmax_scale(D)).transpose(-1, -2)  # (B, H, N, k)
+            return torch.softmax(scores, dim=-1) @ F  # (B, H, N, N)
+        kp = segment_means(k, self.params.k)  # (B, H, k, D)
+        scores = q @ (kp * softmax_scale(D)).transpose(-1, -2) + self.pool_offsets(
+            N, q.device, q.dtype)  # (B, H, N, k)
+        sizes = torch.tensor(segment_sizes(N, self.params.k), dtype=torch.float64)
+        seg = torch.repeat_interleave(torch.arange(len(sizes)), sizes.long())  # (N,) segment of j
+        mean = (seg[None, :] == torch.arange(len(sizes))[:, None]) / sizes[:, None]  # (k, N)
+        return torch.softmax(scores, dim=-1) @ mean.to(q.device, q.dtype)
 
     def flops(self, B, H, N, D, causal=False):
         kk = self.params.k

@@ -75,7 +75,14 @@ class Nystrom(Variant):
             return [f"nystrom num_landmarks={m} exceeds the sequence length N={seq_len}"]
         return []
 
-    def attend(self, q, k, v, causal):
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        # Landmarks are the tokens themselves: F A^+ B = A A^+ A = A with the exact
+        # pseudo-inverse; the iterative one only approaches it.
+        return self.params.num_landmarks >= seq_len and self.params.pinv_iterations == 0
+
+    def factors(self, q: torch.Tensor, k: torch.Tensor):
+        """(F (B, H, N, m), A^+ (B, H, m, m) in the work dtype, B (B, H, m, N)): the attention
+        map is F A^+ B."""
         m = self.params.num_landmarks
         scale = softmax_scale(q.shape[-1])
         # The scale goes on the m x D landmarks, never on an N-sized tensor.
@@ -85,16 +92,23 @@ class Nystrom(Variant):
         f = torch.softmax(q @ k_ls.transpose(-1, -2), dim=-1)  # (B, H, N, m)
         a = torch.softmax(q_l @ k_l.transpose(-1, -2), dim=-1)  # (B, H, m, m)
         b = torch.softmax(q_l @ k.transpose(-1, -2), dim=-1)  # (B, H, m, N)
-        bv = b @ v  # (B, H, m, D)
         # The pseudo-inverse in float32 at least (see the module docstring).
-        work = torch.promote_types(q.dtype, torch.float32)
-        a = a.to(work)
+        a = a.to(torch.promote_types(q.dtype, torch.float32))
         if self.params.pinv_iterations == 0:
             a_pinv = torch.linalg.pinv(a)  # (B, H, m, m)
         else:
             a_pinv = iterative_pinv(a, self.params.pinv_iterations)  # (B, H, m, m)
-        z_bv = (a_pinv @ bv.to(work)).to(q.dtype)  # (B, H, m, D)
+        return f, a_pinv, b
+
+    def attend(self, q, k, v, causal):
+        f, a_pinv, b = self.factors(q, k)
+        bv = b @ v  # (B, H, m, D): B v first, so nothing is N x N
+        z_bv = (a_pinv @ bv.to(a_pinv.dtype)).to(q.dtype)  # (B, H, m, D)
         return f @ z_bv  # (B, H, N, D)
+
+    def attention_weights(self, q, k, causal):
+        f, a_pinv, b = self.factors(q, k)
+        return f @ (a_pinv @ b.to(a_pinv.dtype)).to(q.dtype)  # (B, H, N, N)
 
     def flops(self, B, H, N, D, causal=False):
         m, it = self.params.num_landmarks, self.params.pinv_iterations

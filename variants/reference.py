@@ -55,6 +55,15 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     The baseline whose rounding error sets the tolerance for fast paths in the same dtype.
     """
+    return softmax_weights(q, k, causal, key_mask=key_mask) @ v
+
+
+def softmax_weights(q: torch.Tensor, k: torch.Tensor, causal: bool = False, *,
+                    key_mask: KeyMask | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) over the allowed keys, (B, H, N, N) in q's dtype.
+
+    A row with no allowed key (possible under a pattern) is all zeros.
+    """
     N, D = q.shape[-2], q.shape[-1]
     scores = (q * softmax_scale(D)) @ k.transpose(-1, -2)  # (B, H, N, N)
     idx = torch.arange(N, device=q.device)
@@ -62,9 +71,9 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if allowed is not None:
         scores.masked_fill_(~allowed, float("-inf"))
     p = torch.softmax(scores, dim=-1)
-    if key_mask is not None:  # a pattern may leave a row without keys: output 0 there
+    if key_mask is not None:  # a pattern may leave a row without keys: 0 there
         p = p.nan_to_num(0.0)
-    return p @ v
+    return p
 
 
 def dense_mask(N: int, causal: bool = False, key_mask: KeyMask | None = None,

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from .base import KeyMask, Variant
 from .block_sparse import SameLayout
 from .registry import register
-from .sliding_window import SlidingWindowParams, band_mask
+from .sliding_window import SlidingWindowParams, band_mask, window_covers
 
+# (query, key) pairs per block of mask rows: int64 temporaries of 32 MiB at most.
+_BLOCK_PAIRS = 2**22
 PAPER = "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html"
 
 
@@ -31,14 +33,24 @@ class _SDPAMask(Variant):
         self._mask: tuple | None = None  # ((N, causal, device), mask): the last one only
 
     def mask(self, N: int, causal: bool, device: torch.device) -> torch.Tensor:
-        """The bool (N, N) mask, True where query i may attend key j."""
+        """The bool (N, N) mask, True where query i may attend key j.
+
+        Filled a block of query rows at a time: a key mask evaluated on all N x N pairs
+        at once makes int64 index temporaries (j - i, layout lookups) 8 times the mask's
+        N^2 bytes.
+        """
         key = (N, causal, device)
         if self._mask is None or self._mask[0] != key:
             self._mask = None  # the old N x N mask goes before the new one is built
+            allowed = self.key_mask(N)
             idx = torch.arange(N, device=device)
-            m = self.key_mask(N)(idx, idx)  # (N, N)
-            if causal:
-                m &= idx[None, :] <= idx[:, None]
+            m = torch.empty(N, N, dtype=torch.bool, device=device)
+            rows = max(1, _BLOCK_PAIRS // max(N, 1))
+            for s in range(0, N, rows):
+                i = idx[s:s + rows]
+                m[s:s + rows] = allowed(i, idx)  # (rows, N)
+                if causal:
+                    m[s:s + rows] &= idx[None, :] <= i[:, None]
             self._mask = (key, m)
         return self._mask[1]
 
@@ -72,6 +84,9 @@ class SlidingWindowSDPAMask(_SDPAMask):
 
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        return window_covers(self.params.window, seq_len)
 
 
 @register

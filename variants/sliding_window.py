@@ -52,10 +52,79 @@ def band_mask(window: int) -> KeyMask:
     return allowed
 
 
+def window_covers(window: int, N: int) -> bool:
+    """Whether the band |i - j| <= window holds every pair of N positions (exact attention)."""
+    return window >= N - 1
+
+
 def chunk_rows(window: int, N: int) -> int:
     """Query rows per chunk for this window and length."""
     c = min(max(window // 2, _MIN_CHUNK), _MAX_CHUNK)
     return max(1, min(c, N))
+
+
+def band_span(window: int, N: int, causal: bool) -> tuple[int, int, int]:
+    """(window w, chunk rows c, keys scored per chunk L) of the blocked band at length N.
+
+    A band wider than the sequence is the full matrix: w is clamped to N - 1, so spans stay
+    <= ~3N.
+    """
+    w = min(window, max(N - 1, 0))
+    c = chunk_rows(w, N)
+    return w, c, c + w + (0 if causal else w)
+
+
+def band_views(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: int, c: int, L: int,
+               causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The blocked band's operands: (qc, kw, vw) = q scaled by 1/sqrt(D) in chunks
+    (B, H, nc, c, D), each chunk's key span as (B, H, nc, D, L) and value span as
+    (B, H, nc, L, D); the spans are `unfold` views of zero-padded keys and values."""
+    B, H, N, D = q.shape
+    nc = math.ceil(N / c)
+    # Keys/values padded so chunk t's span starts at padded index t * c (= token t c - w).
+    right = nc * c - N + (0 if causal else w)
+    kp = F.pad(k, (0, 0, w, right))  # (B, H, w + nc c [+ w], D)
+    vp = F.pad(v, (0, 0, w, right))
+    kw = kp.unfold(2, L, c)  # (B, H, nc, D, L): a view, no copy
+    vw = vp.unfold(2, L, c).transpose(-1, -2)  # (B, H, nc, L, D)
+    # The scale goes on q (N D products) rather than on the scores (N L).  (B, H, nc, c, D)
+    qc = F.pad(q * softmax_scale(D), (0, 0, 0, nc * c - N)).view(B, H, nc, c, D)
+    return qc, kw, vw
+
+
+def band_drop_mask(N: int, w: int, c: int, L: int, causal: bool) -> torch.Tensor:
+    """Bool (nc, c, L), CPU: True where a chunk's span column is masked.
+
+    Query row a of chunk t is token t c + a; span column b is token t c - w + b, so
+    j - i = b - a - w. Masked: outside the band (causal: j > i) or a padded key. The
+    diagonal (b = a + w) is kept even for padded query rows, so that no row is all
+    -inf (which would put NaN in the backward pass).
+    """
+    nc = math.ceil(N / c)
+    rel = torch.arange(L)[None, :] - torch.arange(c)[:, None] - w  # (c, L): j - i
+    band = (rel >= -w) & (rel <= (0 if causal else w))
+    tok = torch.arange(nc)[:, None] * c - w + torch.arange(L)  # (nc, L): key token
+    real = (tok >= 0) & (tok < N)
+    return ~(band & (real[:, None, :] | (rel == 0)))
+
+
+def group_chunks(B: int, H: int, c: int, L: int, element_size: int) -> int:
+    """Chunks per group, so that one group's (B, H, G, c, L) score block is cache-sized."""
+    return max(1, _GROUP_BYTES // (B * H * c * L * element_size))
+
+
+class MaskCache:
+    """A few (key -> tensor) masks per module, oldest dropped first (each is O(N L) bytes)."""
+
+    def __init__(self, size: int = _CACHED_MASKS):
+        self.size, self._masks = size, {}
+
+    def get(self, key: tuple, make) -> torch.Tensor:
+        if key not in self._masks:
+            if len(self._masks) >= self.size:
+                self._masks.pop(next(iter(self._masks)))
+            self._masks[key] = make()
+        return self._masks[key]
 
 
 @register
@@ -68,20 +137,13 @@ class SlidingWindow(Variant):
 
     def __init__(self, params=None):
         super().__init__(params)
-        self._masks: dict[tuple, torch.Tensor] = {}
-
-    def _window(self, N: int) -> int:
-        # A band wider than the sequence is the full matrix; clamp so spans stay <= ~3N.
-        return min(self.params.window, max(N - 1, 0))
-
-    def _span(self, N: int, causal: bool) -> tuple[int, int, int]:
-        """(window w, chunk rows c, keys scored per chunk L) at length N."""
-        w = self._window(N)
-        c = chunk_rows(w, N)
-        return w, c, c + w + (0 if causal else w)
+        self._masks = MaskCache()
 
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        return window_covers(self.params.window, seq_len)
 
     def state_size(self, N, D):
         return 2 * min(self.params.window + 1, N) * D  # the cache of the window's keys, values
@@ -96,30 +158,22 @@ class SlidingWindow(Variant):
         """
         if N == 0:
             return 0
-        _, c, L = self._span(N, causal)
+        _, c, L = band_span(self.params.window, N, causal)
         return 4 * B * H * math.ceil(N / c) * c * L * D
 
     def attend(self, q, k, v, causal):
         B, H, N, D = q.shape
         if N == 0:
             return q.clone()
-        w, c, L = self._span(N, causal)
+        w, c, L = band_span(self.params.window, N, causal)
         nc = math.ceil(N / c)
-        pad_q = nc * c - N
-        # Keys/values padded so chunk t's span starts at padded index t * c (= token t c - w).
-        right = nc * c - N + (0 if causal else w)
-        kp = F.pad(k, (0, 0, w, right))  # (B, H, w + nc c [+ w], D)
-        vp = F.pad(v, (0, 0, w, right))
-        kw = kp.unfold(2, L, c)  # (B, H, nc, D, L): a view, no copy
-        vw = vp.unfold(2, L, c).transpose(-1, -2)  # (B, H, nc, L, D)
-        # The scale goes on q (N D products) rather than on the scores (N L).  (B, H, nc, c, D)
-        qc = F.pad(q * softmax_scale(D), (0, 0, 0, pad_q)).view(B, H, nc, c, D)
-
-        drop = self._drop_mask(N, causal, q.device)  # (nc, c, L)
+        qc, kw, vw = band_views(q, k, v, w, c, L, causal)
+        drop = self._masks.get((N, causal, q.device), lambda: band_drop_mask(
+            N, w, c, L, causal).to(q.device))  # (nc, c, L)
         # Chunks are processed a group at a time so each score block stays cache-sized;
         # `split` (not indexing) keeps the backward one concatenation, not one full-size
         # zero gradient per group.
-        G = max(1, _GROUP_BYTES // (B * H * c * L * q.element_size()))
+        G = group_chunks(B, H, c, L, q.element_size())
         outs = []
         for qg, kg, vg, dg in zip(qc.split(G, 2), kw.split(G, 2), vw.split(G, 2),
                                   drop.split(G, 0)):
@@ -128,25 +182,3 @@ class SlidingWindow(Variant):
             outs.append(torch.softmax(s, dim=-1) @ vg)  # (B, H, G, c, D)
         o = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # (B, H, nc, c, D)
         return o.reshape(B, H, nc * c, D)[:, :, :N]
-
-    def _drop_mask(self, N: int, causal: bool, device: torch.device) -> torch.Tensor:
-        """Bool (nc, c, L), cached per length: True where a chunk's span column is masked.
-
-        Query row a of chunk t is token t c + a; span column b is token t c - w + b, so
-        j - i = b - a - w. Masked: outside the band (causal: j > i) or a padded key. The
-        diagonal (b = a + w) is kept even for padded query rows, so that no row is all
-        -inf (which would put NaN in the backward pass).
-        """
-        key = (N, causal, device)
-        if key not in self._masks:
-            w, c, L = self._span(N, causal)
-            nc = math.ceil(N / c)
-            rel = torch.arange(L)[None, :] - torch.arange(c)[:, None] - w  # (c, L): j - i
-            band = (rel >= -w) & (rel <= (0 if causal else w))
-            tok = torch.arange(nc)[:, None] * c - w + torch.arange(L)  # (nc, L): key token
-            real = (tok >= 0) & (tok < N)
-            keep = band & (real[:, None, :] | (rel == 0))
-            if len(self._masks) >= _CACHED_MASKS:
-                self._masks.pop(next(iter(self._masks)))
-            self._masks[key] = (~keep).to(device)
-        return self._masks[key]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from .base import KeyMask, Variant
 from .exact import xformers_reasons
 from .registry import register
-from .sliding_window import SlidingWindowParams, band_mask
+from .sliding_window import SlidingWindowParams, band_mask, window_covers
 
 
 def window_bias(window: int, causal: bool):
@@ -45,6 +45,9 @@ class SlidingWindowXFormers(Variant):
 
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        return window_covers(self.params.window, seq_len)
 
     def flops(self, B, H, N, D, causal=False):
         """4 D per (query, key) pair in the band (the kernel's tiles add some, uncounted)."""

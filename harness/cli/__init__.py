@@ -4,6 +4,7 @@
     model.py   `model` (drift of a pretrained model under each variant)
     train.py   `train` (a small model trained per variant on a recall task; --dry-run)
     report.py  `report` and `compare`
+    maps.py    `maps` (the attention-map grid of one head)
 
 May import every other subpackage (it decides, for instance, to write the report after a
 sharded run finished); imported only by run_bench.py.

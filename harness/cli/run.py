@@ -20,6 +20,7 @@ from tabulate import tabulate
 import variants
 from harness.models import capture
 from harness.measure import estimate
+from harness.measure import maps
 from harness.cluster import executors
 from harness.cluster import sharded
 from harness.cluster import shards
@@ -36,13 +37,16 @@ _OVERRIDES = {"variants": ("variants", str), "seq_lens": ("seq_lens", int),
               "heads": ("heads", int), "head_dim": ("head_dim", int)}
 _SCALARS = {"timeout": ("timeout_s", float), "min_run_time": ("min_run_time_s", float),
             "min_repeats": ("min_repeats", int), "threads": ("threads", int),
-            "mem_limit_mib": ("mem_limit_mib", int), "err_rows": ("err_rows", int)}
+            "mem_limit_mib": ("mem_limit_mib", int), "err_rows": ("err_rows", int),
+            "rounds": ("rounds", int)}
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
+    presets = sorted(p.stem for p in mx.PRESET_DIR.glob("*.toml"))
     src.add_argument("--preset", default=None,
-                     help="quick (default), cpu, gpu, or a path to a .toml matrix")
+                     help=f"{', '.join(presets)} (default: quick), or a path to a .toml "
+                          "matrix")
     src.add_argument("--config", default=None, help="a .toml matrix file of your own")
     p.add_argument("--results-dir", default="results", type=Path)
     p.add_argument("--run-id", default=None,
@@ -69,6 +73,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     sett.add_argument("--mem-limit-mib", dest="mem_limit_mib",
                       help="worker address-space cap above its baseline (0: MemAvailable*0.9)")
     sett.add_argument("--err-rows", dest="err_rows", help="query rows sampled for the error")
+    sett.add_argument("--rounds", help="time each case in R rounds spread over the run "
+                                       "(round 1 of every case, then round 2, ...): "
+                                       "time_ms_spread shows drift between them")
     executors.add_args(p)
 
 
@@ -121,13 +128,17 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
     resume = store.check(matrix)
     capture.prepare(cases)  # captured inputs: once, cached, before anything is measured
     if settings.kind != "serial":
-        return sharded.run(matrix, cases, store, resume, settings, _rerun(argv, run_id))
-    if resume:
-        sharded.merge_before_serial(store, cases)
-    counts = runner.run(matrix, cases, store, resume=resume)
-    print(runner.summary_line(len(cases), counts, len(cases) - sum(counts.values()),
-                              store.folder))
-    return store.folder
+        out = sharded.run(matrix, cases, store, resume, settings, _rerun(argv, run_id))
+    else:
+        if resume:
+            sharded.merge_before_serial(store, cases)
+        counts = runner.run(matrix, cases, store, resume=resume)
+        print(runner.summary_line(len(cases), counts, len(cases) - sum(counts.values()),
+                                  store.folder))
+        out = store.folder
+    if not isinstance(out, int):  # every case has its row: the attention maps of the run
+        maps.write(out, cases)
+    return out
 
 
 def _rerun(argv: list[str] | None, run_id: str) -> str:

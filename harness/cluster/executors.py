@@ -6,7 +6,8 @@ or `slurm` (SlurmExecutor: one job array, a task per shard).
 Settings come from the `[executor]` table of the matrix TOML and from the command line
 (which wins); they are never part of the matrix, so a run resumed with another executor
 or shard count is the same run. Each shard is a `ShardJob` (submitit's Checkpointable:
-on preemption or a time limit, Slurm requeues it and it carries on from its own file).
+on preemption or a time limit, Slurm requeues it and it carries on from its own file,
+leaving alone the cases the waiting command has meanwhile given to a newer job).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ from harness.measure.store import RunStore
 
 EXECUTORS = ("serial", "local", "slurm")
 REPO = Path(__file__).resolve().parents[2]
-# Slurm job states after which a job no longer runs (squeue's long names).
-_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-          "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"}
+# Slurm job states (squeue's long names) in which a job holds its cases: it waits to run,
+# runs, or holds its allocation paused (a suspended job resumes mid-case). Every other
+# state ends the hold, COMPLETING (`CG`: a cancelled job shows it for seconds) and
+# REQUEUED included: its unfinished cases go to a new job, and a requeued job that runs
+# again skips the cases a newer job of the run holds (`run_shard`).
+ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "RESIZING", "SUSPENDED", "STOPPED")
 _FLAGS = {  # key (TOML and flag) -> (type, submitit AutoExecutor parameter)
     "slurm_partition": (str, "slurm_partition"), "slurm_time": (int, "timeout_min"),
     "slurm_gpus_per_node": (int, "gpus_per_node"), "slurm_cpus_per_task": (int, "cpus_per_task"),
@@ -44,6 +48,7 @@ class Settings:
     slurm: tuple = ()  # ((submitit parameter, value), ...)
     sbatch: tuple = ()  # ((sbatch option, value), ...): slurm_additional_parameters
     no_wait: bool = False
+    max_retries: int = 2  # new jobs for a case whose job ended while measuring it
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -54,6 +59,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shards", default=None, help="jobs to split the cases over (default 1)")
     g.add_argument("--no-wait", dest="no_wait", action="store_true",
                    help="submit, print the job ids and the command that waits and merges, exit")
+    g.add_argument("--max-retries", dest="max_retries", default=None,
+                   help="new jobs for a case whose job ended while measuring it, before it "
+                        "becomes an error row (default 2)")
     for key, (typ, _) in _FLAGS.items():
         g.add_argument("--" + key.replace("_", "-"), dest=key, default=None,
                        help={"slurm_time": "time limit per job, minutes (slurm default 60; local: "
@@ -80,7 +88,7 @@ def settings_from(args, table: dict | None) -> Settings:
     if table is not None and not isinstance(table, dict):
         raise UsageError("'executor' in the matrix TOML must be a table ([executor])")
     table = dict(table or {})
-    known = {"executor", "shards", "slurm_opt", *_FLAGS}
+    known = {"executor", "shards", "slurm_opt", "max_retries", *_FLAGS}
     unknown = sorted(set(table) - known)
     if unknown:
         raise UsageError(f"[executor]: unknown key(s) {', '.join(unknown)}; allowed: "
@@ -109,7 +117,16 @@ def settings_from(args, table: dict | None) -> Settings:
         opts[key.strip()] = value.strip() if eq else True
     if args.no_wait and kind == "serial":
         raise UsageError("--no-wait needs --executor local or slurm")
-    return Settings(kind, shards, params, tuple(sorted(opts.items())), bool(args.no_wait))
+    retries = getattr(args, "max_retries", None)
+    retries = table.get("max_retries", 2) if retries is None else retries
+    try:
+        if isinstance(retries, bool) or int(str(retries)) < 0:
+            raise ValueError
+        retries = int(str(retries))
+    except ValueError:
+        raise UsageError(f"executor: max_retries must be a non-negative int, got {retries!r}") from None
+    return Settings(kind, shards, params, tuple(sorted(opts.items())), bool(args.no_wait),
+                    retries)
 
 
 def check_available(settings: Settings) -> None:
@@ -138,26 +155,37 @@ def run_shard(folder: str, index: int, cases: list, executor: str) -> dict:
     """
     from harness.measure import runner
     from harness.cluster import shards
-    from harness.measure.store import environment, matmul_fp32_gflops, now
+    from harness.measure.store import environment, matmul_fp32_gflops, matmul_rates, now
 
     from harness.measure.worker import import_extra
 
     import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
     folder = Path(folder)
-    store = ShardStore(folder, csv_path=shards.shard_csv(folder, index))
+    store = ShardStore(folder, csv_path=shards.shard_csv(folder, index),
+                       rounds_path=shards.shard_rounds(folder, index))
     store.stop_on_signals()
     done = store.done_ids()  # also cuts a partial last line this shard's killed attempt left
     threads = cases[0].threads if cases else 1
     env = environment(threads)
+    fp32 = matmul_fp32_gflops(threads)
     record = {"shard": index, "executor": executor, "job_id": _job_id(),
               "host": socket.gethostname(),
               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
               "cases": len(cases), "started": now(), "ended": None, "counts": None,
-              "matmul_fp32_gflops": matmul_fp32_gflops(threads),
+              "busy": [runner.busy_sample(0)],
+              "matmul_fp32_gflops": fp32,
+              "matmul_gflops": matmul_rates(cases, threads, {"cpu float32": fp32}),
               **{k: env[k] for k in ("cpu_model", "cpu_count", "threads", "cuda_devices",
                                      "load_average_start")}}
     shards.write_record(folder, index, record)
-    counts = runner.measure(cases, store, done, folder / shards.SHARDS / f"shard-{index}.log")
+
+    def between_rounds(r: int) -> None:  # this shard's rounds are over its own cases
+        record["busy"].append(runner.busy_sample(r))
+        shards.write_record(folder, index, record)
+
+    counts = runner.measure(cases, store, done, shards.shard_log(folder, index),
+                            between_rounds=between_rounds,
+                            skip=lambda case: shards.taken_elsewhere(folder, case.case_id, index))
     record.update(ended=now(), counts=dict(counts),
                   load_average_end=[round(x, 2) for x in os.getloadavg()])
     shards.write_record(folder, index, record)
@@ -200,6 +228,12 @@ class StopOnSignals:
             raise _Stopped(f"job ending: {which} left for a rerun")
         super().append(row)
 
+    def append_round(self, record: dict) -> None:
+        if self.stopping:
+            raise _Stopped(f"job ending: round {record['round']} of case {record['case_id']} "
+                           "left for a rerun")
+        super().append_round(record)
+
 
 class ShardStore(StopOnSignals, RunStore):
     """A shard's results file (shards/shard-<i>.csv) that stops at the job's end signal."""
@@ -239,7 +273,8 @@ def submit(settings: Settings, folder: Path, shards: list[list], first: int) -> 
     indices = list(range(first, first + len(shards)))
     fns = [ShardJob(str(folder), i, cases, settings.kind) for i, cases in zip(indices, shards)]
     jobs = submit_jobs(settings, folder, fns)
-    return [{"shard": i, "job_id": str(j.job_id), "executor": settings.kind,
+    logs = folder / "submitit"
+    return [{"shard": i, "job_id": str(j.job_id), "executor": settings.kind, "logs": str(logs),
              "cases": [c.case_id for c in cases]} for i, j, cases in zip(indices, jobs, shards)]
 
 
@@ -274,9 +309,10 @@ def submit_jobs(settings: Settings, folder: Path, fns: list) -> list:
     return jobs
 
 
-def alive(jobs: list[dict]) -> set[str]:
-    """Job ids among `jobs` that are pending or running (Slurm: squeue; local: /proc)."""
-    out = set()
+def states(jobs: list[dict]) -> dict[str, str]:
+    """job id -> its state now: Slurm's (squeue's long name; GONE when squeue no longer
+    lists it), or for a local job RUNNING, COMPLETED, FAILED (its function raised) or KILLED."""
+    out = {}
     slurm = [j["job_id"] for j in jobs if j["executor"] == "slurm"]
     if slurm:
         if shutil.which("squeue") is None:
@@ -286,12 +322,38 @@ def alive(jobs: list[dict]) -> set[str]:
                            capture_output=True, text=True, timeout=60)
         if r.returncode != 0:  # unknown is not dead: never resubmit what may still run
             raise UsageError(f"squeue failed, job states unknown: {' '.join(r.stderr.split())}")
-        states = dict(line.split("|", 1) for line in r.stdout.split() if "|" in line)
-        out |= {j for j in slurm if j in states and states[j] not in _ENDED}
+        listed = dict(line.split("|", 1) for line in r.stdout.split() if "|" in line)
+        out |= {j: listed.get(j, "GONE") for j in slurm}
     for j in jobs:
-        if j["executor"] == "local" and _controller_alive(int(j["job_id"])):
-            out.add(j["job_id"])
+        if j["executor"] == "local":
+            if _controller_alive(int(j["job_id"])):
+                out[j["job_id"]] = "RUNNING"
+            else:
+                out[j["job_id"]] = _local_end(Path(j.get("logs", ".")) / f"{j['job_id']}_0_result.pkl")
     return out
+
+
+def _local_end(result: Path) -> str:
+    """How an ended local job ended: submitit pickles ("success", value) or ("error",
+    traceback) when its function returns or raises; a killed job leaves nothing."""
+    import pickle
+
+    try:
+        with result.open("rb") as f:
+            outcome = pickle.load(f)[0]
+    except (OSError, EOFError, pickle.UnpicklingError, IndexError, TypeError):
+        return "KILLED"
+    return "COMPLETED" if outcome == "success" else "FAILED"
+
+
+def alive(jobs: list[dict]) -> set[str]:
+    """Job ids among `jobs` that hold their cases (Slurm: ACTIVE states; local: /proc)."""
+    return {j for j, state in states(jobs).items() if state in ACTIVE}
+
+
+def log_path(job: dict) -> str:
+    """submitit's stderr file of a job (task 0), as jobs.json's `logs` folder names it."""
+    return str(Path(job.get("logs", "submitit")) / f"{job['job_id']}_0_log.err")
 
 
 def _controller_alive(pid: int) -> bool:

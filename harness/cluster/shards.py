@@ -4,9 +4,14 @@ and the shards' provenance records for meta.json (the report reads them there).
 Layout inside a run folder (only one process writes each file):
 
     shards/shard-<i>.csv      rows of shard i (results.csv's columns), written by its job
-    shards/shard-<i>.json     where shard i ran: host, job id, devices, load (its job)
-    shards/shard-<i>.log      its worker processes' stderr (its job)
-    shards/jobs.json          every job submitted for this run (the submitting process)
+    shards/shard-<i>.rounds.jsonl  a run with rounds: shard i's finished rounds of cases
+                              that have more to come (harness.measure.store), its job
+    shards/shard-<i>.json     where shard i ran: host, job id, devices, load, busy samples
+    shards/shard-<i>.log      its worker processes' stderr, a `--- <time> <part> <case id>`
+                              line before each case (its job; the last names the case a
+                              job that died was on)
+    shards/jobs.json          every job submitted for this run, with the state it ended
+                              in (the submitting process)
     submitit/                 submitit's pickles and job logs
 
 Shard numbers grow across sessions (a resumed run's new jobs get new numbers), so no job
@@ -27,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.measure.matrix import Case
-from harness.measure.store import COLUMNS, RESULTS
+from harness.measure.store import COLUMNS, RESULTS, ROUNDS
 
 SHARDS = "shards"
 JOBS = "jobs.json"
@@ -40,6 +45,65 @@ def shard_csv(folder: Path, index: int) -> Path:
 
 def shard_record_path(folder: Path, index: int) -> Path:
     return Path(folder) / SHARDS / f"shard-{index}.json"
+
+
+def shard_rounds(folder: Path, index: int) -> Path:
+    return Path(folder) / SHARDS / f"shard-{index}.{ROUNDS}"
+
+
+def shard_log(folder: Path, index: int) -> Path:
+    return Path(folder) / SHARDS / f"shard-{index}.log"
+
+
+_LOGGED = re.compile(rb"^--- \S+ \w+ ([0-9a-f]{16}) ", re.M)
+
+
+def last_logged_case(folder: Path, index: int) -> str | None:
+    """The case id shard i's workers were last given (runner.Worker logs one line before
+    each part of each case), or None when its log names none."""
+    path = shard_log(folder, index)
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:  # the tail is enough: one case's stderr is short
+        f.seek(max(f.seek(0, os.SEEK_END) - (1 << 20), 0))
+        found = _LOGGED.findall(f.read())
+    return found[-1].decode() if found else None
+
+
+_cache: dict[Path, tuple[tuple[int, int], object]] = {}
+
+
+def _cached(path: Path, parse):
+    """parse(path), read again only when the file's mtime or size changed."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return parse(None)
+    key = (st.st_mtime_ns, st.st_size)
+    if path not in _cache or _cache[path][0] != key:
+        _cache[path] = (key, parse(path))
+    return _cache[path][1]
+
+
+def taken_elsewhere(folder: Path, case_id: str, index: int) -> bool:
+    """A case that shard i must leave alone: a newer job of the run holds it (shard i's
+    job ended once, its cases went to a new job, and Slurm ran it again after a requeue),
+    or results.csv has its row (the submitting process gave up on it)."""
+    folder = Path(folder)
+    holders = _cached(folder / SHARDS / JOBS, lambda p: _holders(read_jobs(folder) if p else []))
+    if holders.get(case_id, index) > index:
+        return True
+    return case_id in _cached(folder / RESULTS,
+                              lambda p: {r["case_id"] for r in read_rows(p)} if p else set())
+
+
+def _holders(jobs: list[dict]) -> dict[str, int]:
+    """case id -> the newest shard number that holds it."""
+    out: dict[str, int] = {}
+    for j in jobs:
+        for cid in j["cases"]:
+            out[cid] = max(out.get(cid, j["shard"]), j["shard"])
+    return out
 
 
 def split(planned: list[tuple[Case, float]], n: int, unit=lambda case: case.series()

@@ -19,9 +19,10 @@ makes. Everything else in the model runs unchanged. Per case:
   forwards of the same shape (harness.measure.timing.time_call), with no other work on the cores;
 - `peak_mem_mib`: peak resident memory of one such forward above what was resident before,
   measured in a child process (harness.drift.memory, one thread) whose environment has
-  DESIGN.md's malloc settings. The child runs while this process computes the accuracies
-  (numbers that do not depend on load; one thread, so the two share the cores without
-  oversubscribing them), and is waited for before anything is timed.
+  the malloc settings of docs/measurement.md (harness.measure.memory.MALLOC_ENV). The
+  child runs while this process computes the accuracies (numbers that do not depend on
+  load; one thread, so the two share the cores without oversubscribing them), and is
+  waited for before anything is timed.
 
 A case no variant or model can do (causal for a non-causal variant, N above the model's
 positions or too long for the text, a model scaling other than 1/sqrt(D), ...) is a

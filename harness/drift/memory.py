@@ -1,4 +1,4 @@
-"""Peak memory of a whole model forward per variant, in a child process with DESIGN.md's malloc.
+"""Peak memory of a whole model forward per variant, in a child process with the worker's malloc.
 
 CPU peaks are read as in harness.measure.memory (clear_refs, VmRSS before, VmHWM after), which is
 right only when freed memory goes back to the kernel: MALLOC_MMAP_THRESHOLD_=65536 and

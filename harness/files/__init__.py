@@ -5,9 +5,11 @@ reads a run folder (measure, drift, cluster, report) takes the names and the wri
 here, so a writer and the report never disagree about a column.
 """
 
-from harness.files.columns import (EXACT_PATHS, META, MODEL_COLUMNS, MODEL_CSV, MODEL_META, RESULT_COLUMNS,
-                                   RESULTS, TRAIN_COLUMNS, TRAIN_CSV, TRAIN_META)
+from harness.files.columns import (EXACT_PATHS, MAPS, META, MODEL_COLUMNS, MODEL_CSV, MODEL_META,
+                                   RESULT_COLUMNS, RESULTS, ROUNDS, SPREAD_FLAG, TRAIN_COLUMNS,
+                                   TRAIN_CSV, TRAIN_META)
 from harness.files.csvlog import CsvLog, now, write_json
 
-__all__ = ["EXACT_PATHS", "META", "MODEL_COLUMNS", "MODEL_CSV", "MODEL_META", "RESULT_COLUMNS", "RESULTS",
-           "TRAIN_COLUMNS", "TRAIN_CSV", "TRAIN_META", "CsvLog", "now", "write_json"]
+__all__ = ["EXACT_PATHS", "MAPS", "META", "MODEL_COLUMNS", "MODEL_CSV", "MODEL_META",
+           "RESULT_COLUMNS", "RESULTS", "ROUNDS", "SPREAD_FLAG", "TRAIN_COLUMNS", "TRAIN_CSV",
+           "TRAIN_META", "CsvLog", "now", "write_json"]

@@ -5,9 +5,11 @@ Units are in the column names; a column that does not apply to a row is empty.
 """
 
 RESULTS = "results.csv"        # one row per measured case (`run`)
+ROUNDS = "rounds.jsonl"        # a run with rounds: each finished round of a case not yet a row
 META = "meta.json"             # the matrix as run, versions, devices, times
 MODEL_CSV = "model.csv"        # one row per (model, variant, params, seq_len) (`model`)
 MODEL_META = "model_meta.json"
+MAPS = "maps.npz"              # attention maps of one head (`run`, `maps`): harness.measure.maps
 TRAIN_CSV = "train.csv"        # one row per trained configuration (`train`)
 TRAIN_META = "train_meta.json"
 
@@ -15,11 +17,20 @@ TRAIN_META = "train_meta.json"
 # drift baseline), fastest first.
 EXACT_PATHS = ("sdpa", "standard")
 
+# `exact`: the setting computes exact softmax attention at this row's length and causal
+# flag (variants' `exact_at`: an exact path, or a window or layout that covers every pair).
+# `state_mib`: memory the variant keeps between calls (a mask, a layout, features), built
+# in its preparation or first call; `peak_mem_mib` is one call's peak above it.
 RESULT_COLUMNS = [
-    "case_id", "variant", "family", "params", "device", "dtype", "batch", "heads",
+    "case_id", "variant", "family", "params", "exact", "device", "dtype", "batch", "heads",
     "head_dim", "seq_len", "causal", "pass", "input", "status", "reason", "time_ms",
-    "time_ms_iqr", "repeats", "peak_mem_mib", "rel_err", "max_abs_err", "err_rows",
+    "time_ms_iqr", "repeats", "rounds", "time_ms_spread", "peak_mem_mib", "state_mib", "rel_err",
+    "max_abs_err", "err_rows",
     "row_cos", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed"]
+
+# time_ms_spread: the largest relative difference between two rounds' medians,
+# (max - min) / min; above this the report flags the case (its ratios are that uncertain).
+SPREAD_FLAG = 0.10
 
 MODEL_COLUMNS = [
     "model", "variant", "family", "params", "device", "dtype", "seq_len", "windows",

@@ -4,7 +4,7 @@ Compute-bound, so a lower bound for variants far below their FLOP rate: 0.5 s of
 the float64 reference at a quarter of the measured fp32 matmul rate, and the workers'
 calls (memory: a warm-up and the probe; time: the error pass, a warm-up, then
 max(min_repeats, min_run_time / t + 1) timed) of t = flops / (0.25 * matmul rate), capped
-at the case's timeout. The rate is the fp32 matmul rate measured here for CPU cases and
+at the case's timeout; with R rounds, each round times its 1/R share after a warm-up. The rate is the fp32 matmul rate measured here for CPU cases and
 GPU_ASSUMED_GFLOPS for CUDA cases (estimated even where CUDA is absent: the plan of a GPU
 run made on a laptop or a login node). Variants that compile add COMPILE_ASSUMED_S (both
 workers) for each new (variant, device, dtype, pass). The memory guard's extrapolated
@@ -32,8 +32,13 @@ def case_seconds(case: Case, flops: float, rate_flops_per_s: float,
     t = flops / rate
     rows = min(case.seq_len, case.err_rows)
     ref = 4 * case.batch * case.heads * rows * case.seq_len * case.head_dim / rate
-    calls = 4 + max(case.min_repeats, case.min_run_time_s / max(t, 1e-9) + 1)
-    return min(0.5 + ref + t * calls + compile_s, case.timeout_s)
+    r = case.rounds  # each round: 1/r of the budget, ceil(min_repeats / r) timings at least
+    timed = max(-(-case.min_repeats // r), case.min_run_time_s / r / max(t, 1e-9) + 1)
+    first = 0.5 + ref + t * (4 + timed) + compile_s
+    if first >= case.timeout_s:  # it times out in round 1: no later rounds
+        return case.timeout_s
+    later = min(0.1 + t * (1 + timed), case.timeout_s)  # a warm-up, then its timing
+    return first + (r - 1) * later
 
 
 def plan_cases(cases: list[Case], cpu_rate_flops_per_s: float

@@ -20,6 +20,7 @@ product and the union (first occurrence of each case id wins) is the run. Withou
     seed = 0                    # inputs and variant state
     min_run_time_s = 0.2        # torch.utils.benchmark blocked_autorange budget per case
     min_repeats = 5             # at least this many timed measurements
+    rounds = 1                  # time each case in this many rounds spread over the run (below)
     timeout_s = 120             # per case, wall clock, worker killed after it
     threads = 0                 # torch.set_num_threads in the worker; 0: all cores
     err_rows = 1024             # error on a seeded sample of this many query rows when N is larger
@@ -28,6 +29,12 @@ product and the union (first occurrence of each case id wins) is the run. Withou
     [captures.NAME]             # a captured input of your own (harness.models.capture): a local
     model = "PATH"              # Hugging Face model directory and a UTF-8 text file;
     text = "PATH"               # then inputs = ["NAME"]
+
+With `rounds = R` > 1 the run times round 1 of every case, then round 2 of every case, ...,
+in the matrix's order, each round a fresh measurement with min_run_time_s / R and at least
+ceil(min_repeats / R) timings (harness.measure.runner): the total stays about the same, and
+a drift of the machine's speed between minutes shows as the spread between the rounds'
+medians instead of hiding in one slow minute. Memory and error are measured once.
 
 A captured input's case records the model's real shape: batch = layers x the group's
 `batch` (token windows), heads and head_dim the model's; a causal model's cases are causal.
@@ -67,6 +74,7 @@ _KEYS: dict[str, tuple[object, str]] = {
     "devices": (["cpu"], "list:str"), "inputs": (["gaussian"], "list:str"),
     "passes": (["forward"], "list:str"), "causal": ([False], "list:bool"),
     "seed": (0, "int"), "min_run_time_s": (0.2, "float"), "min_repeats": (5, "int"),
+    "rounds": (1, "int"),
     "timeout_s": (120.0, "float"), "threads": (0, "int"), "err_rows": (1024, "int"),
     "mem_limit_mib": (0, "int"),
 }
@@ -98,6 +106,7 @@ class Case:
     err_rows: int
     mem_limit_mib: int
     capture: str = ""  # a declared captured input: JSON {"model", "text"} paths (harness.models.capture)
+    rounds: int = 1  # timing rounds spread over the run (a run setting, not in the case id)
 
     @property
     def case_id(self) -> str:
@@ -219,6 +228,9 @@ def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTION
             if not ok or value < 0:
                 errors.append(f"{where}: {key!r} must be a non-negative {kind}, got {value!r}")
                 continue
+            if key == "rounds" and value < 1:
+                errors.append(f"{where}: 'rounds' must be at least 1, got {value!r}")
+                continue
         elif kind == "params" and not isinstance(value, dict):
             errors.append(f"{where}: 'params' must be a table name -> list of settings")
             continue
@@ -283,7 +295,8 @@ def expand(matrix: dict) -> list[Case]:
                 src = json.dumps(captures[dist], sort_keys=True) if dist in captures else ""
             c = Case(name, params, device, dtype, B, H, D, N, causal, pass_, dist, g["seed"],
                      float(g["min_run_time_s"]), g["min_repeats"], float(g["timeout_s"]),
-                     g["threads"] or os.cpu_count() or 1, g["err_rows"], g["mem_limit_mib"], src)
+                     g["threads"] or os.cpu_count() or 1, g["err_rows"], g["mem_limit_mib"], src,
+                     g["rounds"])
             cases.setdefault(c.case_id, c)
     return list(cases.values())
 

@@ -3,9 +3,13 @@
 CPU: write "5" to /proc/self/clear_refs (resets VmHWM to the current RSS; Linux
 Documentation/filesystems/proc.rst), read VmRSS, run the call, read VmHWM; the peak is
 VmHWM - VmRSS_before. This is only right when freed memory goes back to the kernel, so the
-worker runs with MALLOC_MMAP_THRESHOLD_=65536 and MALLOC_TRIM_THRESHOLD_=0 (see DESIGN.md,
-"How things are measured"). CUDA: reset_peak_memory_stats, then max_memory_allocated
-minus the memory allocated before the call.
+worker runs with MALLOC_MMAP_THRESHOLD_=65536 and MALLOC_TRIM_THRESHOLD_=0 (docs/measurement.md,
+"Memory"). CUDA: reset_peak_memory_stats, then max_memory_allocated
+minus the memory allocated before the call. The same two readings, VmRSS and
+memory_allocated, give the state a variant keeps between calls (`resident_mib`).
+
+The guard compares a case's predicted memory with MemAvailable on CPU and with the free
+memory `torch.cuda.mem_get_info` reports on CUDA.
 """
 
 from __future__ import annotations
@@ -64,6 +68,33 @@ def peak_cuda_mib(fn: Callable[[], object], device: torch.device) -> float:
 
 def peak_mib(fn: Callable[[], object], device: torch.device) -> float:
     return peak_cuda_mib(fn, device) if device.type == "cuda" else peak_cpu_mib(fn)
+
+
+def resident_mib(device: torch.device) -> float:
+    """What this process holds now (MiB): VmRSS on CPU, CUDA's allocated memory on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.memory_allocated(device) / MIB
+    return _status_kib("VmRSS") / 1024
+
+
+def release(device: str) -> None:
+    """Hand the CUDA caching allocator's free blocks back to the device (no-op elsewhere).
+
+    Each worker process has its own allocator; blocks one keeps cached after its part of a
+    case are not free for the other worker, nor for the next case's guard.
+    """
+    if device == "cuda" and torch.cuda.is_initialized():
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def cuda_free_bytes(device: str = "cuda") -> int:
+    """Free memory on the CUDA device, as the driver reports it (cudaMemGetInfo)."""
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return free
 
 
 def cap_address_space(extra_mib: int) -> int:
@@ -132,14 +163,18 @@ class MemoryGuard:
         return pts[n1] * (case.seq_len / n1) ** p, f"extrapolated from N={n1} as N^{p:.2f}"
 
     def refuse_reason(self, case, module=None) -> str | None:
-        """A skip reason when the predicted peak exceeds share * MemAvailable, else None."""
-        if case.device != "cpu":
+        """A skip reason when the predicted peak exceeds share * the memory available to
+        the case (CPU: MemAvailable; CUDA: the device's free memory), else None."""
+        if case.device not in ("cpu", "cuda"):
             return None
         pred, how = self.predict_mib(case, module)
         if pred is None:
             return None
-        avail = mem_available_bytes() / MIB
+        if case.device == "cuda":
+            avail, what = cuda_free_bytes(case.device) / MIB, "free CUDA memory"
+        else:
+            avail, what = mem_available_bytes() / MIB, "MemAvailable"
         if pred > self.share * avail:
             return (f"memory guard: predicted peak {pred:.0f} MiB ({how}) exceeds "
-                    f"{self.share:.0%} of MemAvailable {avail:.0f} MiB")
+                    f"{self.share:.0%} of {what} {avail:.0f} MiB")
         return None

@@ -5,7 +5,7 @@ then times blocks until `min_run_time` has passed; each block gives one per-call
 A slow call may give fewer blocks than `min_repeats`; then single calls are timed (same
 clock) until there are enough, so the IQR means something; a call known to be slow skips
 autorange. CUDA work is timed per call with CUDA events after a synchronisation
-(`time_cuda_events`, DESIGN.md "How things are measured"). Inputs and modules are built
+(`time_cuda_events`; docs/measurement.md, "Time"). Inputs and modules are built
 by the caller, outside the timed region.
 """
 
@@ -29,6 +29,7 @@ class Timing:
     time_ms: float  # median per-call time
     time_ms_iqr: float  # interquartile range of the per-call times
     repeats: int  # number of timed measurements (blocks) the median is over
+    samples_ms: tuple[float, ...] = ()  # the per-call times themselves (rounds pool them)
 
 
 def time_call(fn: Callable[[], object], *, min_run_time: float = 0.2, min_repeats: int = 5,
@@ -103,7 +104,7 @@ def summarise(times_s: list[float]) -> Timing:
         q1, _, q3 = statistics.quantiles(ms, n=4, method="inclusive")
     else:
         q1 = q3 = ms[0]
-    return Timing(statistics.median(ms), q3 - q1, len(ms))
+    return Timing(statistics.median(ms), q3 - q1, len(ms), tuple(ms))
 
 
 def forward_fn(module, q, k, v, causal: bool) -> Callable[[], torch.Tensor]:

@@ -2,15 +2,21 @@
 on stdin and writes one result (a JSON line) per request on stdout.
 
 A case is measured in two parts, each in its own long-lived worker process:
-- `memory`: the peak memory of one call, in a worker whose environment has
-  harness.measure.memory.MALLOC_ENV (freed memory goes back to the kernel, so VmHWM is right);
+- `memory`: the memory the variant keeps between calls (`state_mib`: what its preparation
+  and first call leave resident) and the peak of one call above that (`peak_mem_mib`), in
+  a worker whose environment has harness.measure.memory.MALLOC_ENV (freed memory goes back
+  to the kernel, so VmRSS and VmHWM are right);
 - `time`: the error of the forward output against float64 exact attention and the median
   time, in a worker with glibc's default malloc. The memory settings make every small
   temporary a fresh mmap and page faults then dominate chunked code (measured here:
   block_sparse forward at N=8192, H=8 took 873 ms with them and 435 ms without).
+- `retime`: the time alone, again, in the time worker: rounds 2..R of a case timed in
+  rounds (harness.measure.runner). Each round's timing takes min_run_time_s / R and at
+  least ceil(min_repeats / R) timings, after its own warm-up, and returns its samples.
 Each part caps the worker's address space during the case, so a runaway allocation is an
 `oom` result, not a swapped machine. Anything else a case raises is an `error` result with
-its message.
+its message. On CUDA the caching allocator is emptied after each part, so that the memory
+one worker's allocator holds is free for the other's.
 
 ATTNBENCH_EXTRA_MODULES (os.pathsep-separated module names or .py paths) names modules to
 import before the first case: variants registered outside the `variants` package (tests).
@@ -19,6 +25,7 @@ import before the first case: variants registered outside the `variants` package
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import importlib.util
 import json
@@ -65,7 +72,7 @@ def _result(status: str, reason: str = "", **fields) -> dict:
     return {"status": status, "reason": reason, **fields}
 
 
-PARTS = ("memory", "time")
+PARTS = ("memory", "time", "retime")
 
 
 def run_case(case: Case, part: str) -> dict:
@@ -84,7 +91,8 @@ def run_case(case: Case, part: str) -> dict:
         if device.type == "cpu":
             memory.cap_address_space(case.mem_limit_mib)
         try:
-            measure = _measure_memory if part == "memory" else _measure_time
+            measure = {"memory": _measure_memory, "time": _measure_time,
+                       "retime": _retime}[part]
             return {**common, **measure(case, module, q, k, v, device)}
         finally:
             if device.type == "cpu":
@@ -113,12 +121,27 @@ def _prepare(case: Case, module, q, k, v, device) -> float | None:
 
 
 def _measure_memory(case: Case, module, q, k, v, device) -> dict:
-    _prepare(case, module, q, k, v, device)  # its memory is not the call's peak
+    # A throwaway module of the same setting pays this process's one-time costs first
+    # (lazy initialisation of torch's kernels and thread pools, a compile), so that what
+    # `module`'s preparation and first call leave resident is its own state.
+    first = variants.build(case.variant, **case.param_dict).to(device)
+    _prepare(case, first, q, k, v, device)
+    _prepared(case, first, q, k, v)()
+    _drop_grads(case, q, k, v)
+    del first
+    gc.collect()
+    before = memory.resident_mib(device)
+    _prepare(case, module, q, k, v, device)
     fn = _prepared(case, module, q, k, v)
-    fn()  # warm-up: one-time state (features, layouts, caches) is not the call's peak
+    fn()  # one-time state (features, layouts, masks, caches): kept, not the call's peak
+    _drop_grads(case, q, k, v)  # freed before the state is read and the probe's baseline
+    state = max(0.0, memory.resident_mib(device) - before)  # below 0: allocator noise
+    return _result("ok", "", peak_mem_mib=memory.peak_mib(fn, device), state_mib=state)
+
+
+def _drop_grads(case: Case, q, k, v) -> None:
     if case.backward:
-        q.grad = k.grad = v.grad = None  # freed before the probe's baseline
-    return _result("ok", "", peak_mem_mib=memory.peak_mib(fn, device))
+        q.grad = k.grad = v.grad = None
 
 
 def _measure_time(case: Case, module, q, k, v, device) -> dict:
@@ -143,10 +166,28 @@ def _measure_time(case: Case, module, q, k, v, device) -> dict:
     call_s = time.perf_counter() - start
     if case.backward and not all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)):
         return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
-    t = timing.time_call(fn, min_run_time=case.min_run_time_s, min_repeats=case.min_repeats,
-                         warmup=0, call_s=call_s, device=device)
-    return _result("ok", "", time_ms=t.time_ms, time_ms_iqr=t.time_ms_iqr, repeats=t.repeats,
-                   **errors)
+    timed = _timed(case, fn, call_s, device)
+    if "compile_ms" in errors and module.prepare_calls:  # prepare ran the pass itself
+        errors["compile_ms"] = max(0.0, errors["compile_ms"] - module.prepare_calls * timed["time_ms"])
+    return _result("ok", "", **timed, **errors)
+
+
+def _retime(case: Case, module, q, k, v, device) -> dict:
+    """A later round: the same preparation and warm-up, then the timing alone."""
+    _prepare(case, module, q, k, v, device)  # a compile is cached: fast after round 1
+    fn = _prepared(case, module, q, k, v)
+    start = time.perf_counter()
+    fn()  # warm-up
+    return _result("ok", "", **_timed(case, fn, time.perf_counter() - start, device))
+
+
+def _timed(case: Case, fn, call_s: float, device) -> dict:
+    """One round's timing: a 1/rounds share of the case's budget; its samples travel along."""
+    t = timing.time_call(fn, min_run_time=case.min_run_time_s / case.rounds,
+                         min_repeats=-(-case.min_repeats // case.rounds), warmup=0,
+                         call_s=call_s, device=device)
+    return {"time_ms": t.time_ms, "time_ms_iqr": t.time_ms_iqr, "repeats": t.repeats,
+            "samples_ms": list(t.samples_ms)}
 
 
 def _prepared(case: Case, module, q, k, v):
@@ -185,6 +226,7 @@ def main() -> None:
             continue
         request = json.loads(line)
         result = run_case(Case(**request["case"]), request["part"])
+        memory.release(request["case"]["device"])  # the case's tensors are gone by now
         proto.write(RESULT_PREFIX + json.dumps(result) + "\n")
         proto.flush()
 

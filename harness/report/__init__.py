@@ -9,7 +9,9 @@ report.md, report.html and plots/; compares two runs. It never measures.
     model.py           the "Model drift" section (model.csv)
     trained.py         the "Quality when trained" section and its Answers line (train.csv)
     provenance.py      where a sharded run's cases ran (meta.json's shard records)
+    rounds.py          cases whose timing rounds disagree, other work seen on the cores
     plots.py           the PNG plots
+    maps.py            the attention-map grid (maps.npz), the report's first section
     build.py           the report itself (`write_report`) and its sections
     compare.py         two runs side by side (`compare_runs`)
 

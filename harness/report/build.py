@@ -1,6 +1,6 @@
 """The report of a run folder: report.md, a self-contained report.html and plots/*.png.
 
-Reads results.csv and meta.json only (DESIGN.md "Results: files and columns"); the document
+Reads results.csv and meta.json only (docs/results.md); the document
 is built once as a list of blocks, then rendered to Markdown (DataFrame.to_markdown) and to
 HTML (DataFrame.to_html, plots inlined as base64 PNG).
 """
@@ -16,16 +16,19 @@ import pandas as pd
 
 from harness.report import plots
 from harness.report import captured as RC
+from harness.report import maps as report_maps
 from harness.report import model as report_model
 from harness.report import trained as report_trained
 from harness.report import tables as T
 from harness.report import provenance
 from harness.report.implementations import implementations_blocks
+from harness.report.rounds import rounds_blocks
 from harness.files import RESULTS
 from harness.report.folder import SETTING, load_run, short_labels
 
-SECTIONS = ("Answers", "Error per layer on captured inputs", "Empirical complexity",
-            "Crossover lengths", "Implementations", "Time, memory and error by length",
+SECTIONS = ("Attention maps", "Answers", "Timing drift between rounds", "Error per layer on captured inputs",
+            "Empirical complexity", "Crossover lengths", "Implementations",
+            "Time, memory and error by length",
             "Scaling plots", "Pareto front: error against time", "Achieved GFLOP/s",
             "Cases not measured", "Variant settings", "Environment")
 
@@ -74,7 +77,15 @@ def _answers(df, view, blocks):
                         "pretrained model's layers) first, synthetic inputs after." if captured
                         else ".")
                      + (" Beside it, the approximate variant closest to exact attention." if
-                        column == "row_cos" else "")),
+                        column == "row_cos" else "")
+                     + " A setting that is exact attention at its length (a window or block "
+                       "layout covering every pair, marked [exact at N]) counts as an exact "
+                       "path. An approximate path is the answer only where the fastest exact "
+                       "path is slower by more than the two times' spread (the sum of their "
+                       "IQRs, or of their spreads between rounds where the run has rounds); "
+                       "otherwise the row says \"no faster approximate path\"."
+                     + (" This run predates the `exact` column: only the exact family counts "
+                        "as exact here." if df["exact"].isna().all() else "")),
                ("table", T.fastest_accurate(df, _varying(df)))]
     if column == "row_cos":
         blocks.append(("p", RC.WHY_CRITERION))
@@ -110,7 +121,9 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
               + ", ".join(f"{s} {n}" for s, n in counts.items()) + ". Times are medians (ms), "
               "memory is the peak above the inputs (MiB), error is ||o - o_ref||_F / ||o_ref||_F "
               "(rel_err) and row_cos the mean cosine of o's rows to o_ref's.")]
+    blocks += report_maps.maps_blocks(run_dir)
     _answers(df, view, blocks)
+    blocks += rounds_blocks(df, meta)
 
     tables = RC.layer_tables(df)
     blocks += [("h", 2, "Error per layer on captured inputs"),
@@ -146,7 +159,11 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
                    ("p", "time_ms"), ("table", T.metric_pivot(g, "time_ms")),
                    ("p", "time ratio"), ("table", T.ratio_pivot(g, "time_ms")),
                    ("p", "peak_mem_mib"), ("table", T.metric_pivot(g, "peak_mem_mib")),
-                   ("p", "memory ratio"), ("table", T.ratio_pivot(g, "peak_mem_mib")),
+                   ("p", "memory ratio"), ("table", T.ratio_pivot(g, "peak_mem_mib"))]
+        if (T.ok_rows(g)["state_mib"] > 0.5).any():  # a variant keeps a mask or features
+            blocks += [("p", "state_mib (kept between calls, beside each call's peak)"),
+                       ("table", T.metric_pivot(g, "state_mib"))]
+        blocks += [
                    ("p", "rel_err"), ("table", T.metric_pivot(g, "rel_err", T.fmt_err))]
         if "row_cos" in g.columns and g["row_cos"].notna().any():
             blocks += [("p", "row_cos"),
@@ -158,9 +175,11 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
         pdir = run_dir / "plots"
         for metric, ylabel, band, name in (
                 ("time_ms", "time (ms), band: IQR", "time_ms_iqr", "time"),
-                ("peak_mem_mib", "peak memory (MiB)", None, "memory"),
+                ("peak_mem_mib", "peak memory of a call (MiB);\n× dotted: state kept", None,
+                 "memory"),
                 ("rel_err", "relative error", None, "error")):
-            path = plots.scaling_plot(ok, metric, ylabel, pdir / f"{name}_vs_length.png", band)
+            path = plots.scaling_plot(ok, metric, ylabel, pdir / f"{name}_vs_length.png", band,
+                                      also="state_mib" if metric == "peak_mem_mib" else None)
             blocks.append(("img", path, f"{name} against sequence length"))
 
     blocks.append(("h", 2, "Pareto front: error against time"))
@@ -178,15 +197,17 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
         for n in lengths:
             blocks += [("h", 4, f"N = {n}"), ("table", T.pareto_table(v, n))]
 
-    rate = meta.get("matmul_fp32_gflops")
+    rates = T.matmul_rates(meta)
     blocks += [("h", 2, "Achieved GFLOP/s"),
-               ("p", "Analytic FLOPs over the median time, best over lengths; the machine's "
-                     "measured fp32 matmul rate is "
-                     + (f"{rate:.0f} GFLOP/s." if rate else "not recorded in meta.json.")),
-               ("table", T.gflops_table(df, rate))]
+               ("p", "Analytic FLOPs over the median time, best over lengths, set against "
+                     "the matmul rate measured on the same device in the same dtype: "
+                     + ("; ".join(f"{k} {v:.0f} GFLOP/s" for k, v in rates.items()) + "."
+                        if rates else "not recorded in meta.json.")),
+               ("table", T.gflops_table(df, rates))]
     if not view.empty:
-        blocks.append(("img", plots.gflops_plot(ok, rate, run_dir / "plots" / "gflops.png"),
-                       "achieved GFLOP/s"))
+        key = f"{view.iloc[0]['device']} {view.iloc[0]['dtype']}"
+        blocks.append(("img", plots.gflops_plot(ok, rates.get(key), run_dir / "plots" / "gflops.png",
+                                                f"{key} matmul"), "achieved GFLOP/s"))
 
     status = T.status_table(df)
     blocks += [("h", 2, "Cases not measured"),

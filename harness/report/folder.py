@@ -1,7 +1,8 @@
-"""Read a results folder (results.csv + meta.json, DESIGN.md's contract) into one DataFrame.
+"""Read a results folder (results.csv + meta.json, docs/results.md) into one DataFrame.
 
-The report and compare only read what `run` wrote; they never measure. Adds two derived
-columns: `label` (variant plus its parameters, e.g. `sliding_window(window=256)`; the
+The report and compare only read what `run` wrote; they never measure. Columns added since
+the first runs (`exact`, `state_mib`) are optional: an older folder still reads, with them
+empty. Adds two derived columns: `label` (variant plus its parameters, e.g. `sliding_window(window=256)`; the
 report shortens it with `short_labels`) and
 `setting` (the case dimensions other than the variant and the length, as one string).
 """
@@ -67,13 +68,13 @@ def _canonical_params(params: str) -> str:
     return json.dumps(json.loads(params) if params.strip() else {}, sort_keys=True)
 
 
-def _as_bool(v) -> bool:
+def _as_bool(v, column: str = "causal") -> bool:
     s = str(v).strip().lower()
-    if s in ("true", "1"):
+    if s in ("true", "1", "1.0"):
         return True
-    if s in ("false", "0"):
+    if s in ("false", "0", "0.0"):
         return False
-    raise UsageError(f"causal must be True or False, got {v!r}")
+    raise UsageError(f"{column} must be True or False, got {v!r}")
 
 
 def setting_name(row) -> str:
@@ -105,6 +106,13 @@ def read_results(csv_path: Path) -> pd.DataFrame:
         if not pd.api.types.is_numeric_dtype(df[col]):
             raise UsageError(f"{csv_path}: column {col} holds non-numbers")
     df["causal"] = df["causal"].map(_as_bool)
+    # Optional columns: empty (unknown) in runs written before they existed.
+    if "state_mib" not in df.columns:
+        df["state_mib"] = float("nan")
+    if not pd.api.types.is_numeric_dtype(df["state_mib"]):
+        raise UsageError(f"{csv_path}: column state_mib holds non-numbers")
+    df["exact"] = (df["exact"].map(lambda v: None if pd.isna(v) else _as_bool(v, "exact"))
+                   if "exact" in df.columns else None)
     unknown = sorted(set(df["status"]) - set(STATUSES))
     if unknown:
         raise UsageError(f"{csv_path}: unknown status value(s): {', '.join(map(str, unknown))}")

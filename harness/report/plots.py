@@ -101,12 +101,14 @@ def _legend(fig, palette: dict, ncols: int, dashes: dict | None = None,
 
 
 def scaling_plot(df: pd.DataFrame, metric: str, ylabel: str, path: Path,
-                 band: str | None = None) -> Path:
+                 band: str | None = None, also: str | None = None) -> Path:
     """`metric` against seq_len, log-log, one line per `line`, faceted (pass, causal) x input.
 
     df must hold ok rows with `line` and `variant` columns. Colour is the variant, dash and
     marker its setting; a panel with no data is left blank. `band` names a spread column
-    (time_ms_iqr) drawn as median +- spread/2 around each line.
+    (time_ms_iqr) drawn as median +- spread/2 around each line. `also` names a second
+    column of the same unit (state_mib beside peak_mem_mib) drawn thin and dotted, with x
+    markers, in each line's colour, where it is above 0.5.
     """
     import seaborn as sns
 
@@ -134,6 +136,10 @@ def scaling_plot(df: pd.DataFrame, metric: str, ylabel: str, path: Path,
                     lo = np.maximum(g[metric].to_numpy() - spread, g[metric].to_numpy() * 1e-3)
                     ax.fill_between(g["seq_len"], lo, g[metric] + spread,
                                     color=palette[line], alpha=0.25, linewidth=0)
+            if also is not None and also in sub.columns:
+                for line, g in sub[sub[also] > 0.5].groupby("line"):
+                    ax.plot(g["seq_len"], g[also], color=palette[line], linestyle=":",
+                            linewidth=0.9, marker="x", markersize=4)
             _log_axes(ax, 2)
             ax.set_title(f"{p} · {inp}{' · causal' if causal else ''}", fontsize=9)
             ax.set_xlabel("sequence length N")
@@ -201,8 +207,10 @@ def gflops_size_px(n_labels: int) -> tuple[int, int]:
     return (round(8.0 * DPI), round((1.5 + 0.28 * n_labels) * DPI))
 
 
-def gflops_plot(df: pd.DataFrame, matmul_gflops: float | None, path: Path) -> Path:
-    """Best achieved GFLOP/s per line and pass, against the machine's fp32 matmul rate."""
+def gflops_plot(df: pd.DataFrame, matmul_gflops: float | None, path: Path,
+                matmul_label: str = "cpu float32 matmul") -> Path:
+    """Best achieved GFLOP/s per line and pass, against a matmul rate measured on the same
+    device in the same dtype (`matmul_label` names it)."""
     import seaborn as sns
 
     data = df[np.isfinite(df["gflops_per_s"])]
@@ -215,7 +223,7 @@ def gflops_plot(df: pd.DataFrame, matmul_gflops: float | None, path: Path) -> Pa
         sns.barplot(data=best, y="line", x="gflops_per_s", hue="pass", order=lines, ax=ax)
     if matmul_gflops:
         ax.axvline(matmul_gflops, color="black", linestyle="--", linewidth=1)
-        ax.annotate(f"fp32 matmul {matmul_gflops:.0f} GFLOP/s", (matmul_gflops, 1),
+        ax.annotate(f"{matmul_label} {matmul_gflops:.0f} GFLOP/s", (matmul_gflops, 1),
                     xytext=(-3, -3), textcoords="offset points", ha="right", va="top",
                     fontsize=7, xycoords=("data", "axes fraction"))
     ax.set_xlabel("achieved GFLOP/s (analytic FLOPs / median time; best over lengths)")

@@ -160,9 +160,43 @@ def answer_lengths(group: pd.DataFrame) -> list[int]:
     return out
 
 
+def is_exact(rows: pd.DataFrame) -> pd.Series:
+    """Whether each row's setting is exact attention at its length: the `exact` column the
+    run recorded (an exact path, or a window or layout covering every pair); for a run
+    without it, the exact family alone."""
+    fallback = rows["family"] == "exact"
+    if "exact" not in rows.columns:
+        return fallback
+    return rows["exact"].where(rows["exact"].notna(), fallback).astype(bool)
+
+
+def exact_label(row) -> str:
+    """The label, marked where an approximate variant's setting is exact at this length."""
+    marked = row.get("exact")
+    if row["family"] != "exact" and marked is not None and not pd.isna(marked) and bool(marked):
+        return f"{row['label']} [exact at N={int(row['seq_len'])}]"
+    return row["label"]
+
+
+def time_noise(a, b) -> float:
+    """How far apart two rows' median times (ms) may be by noise alone: the sum of their
+    IQRs, or, where the run timed rounds, of their spreads between rounds (the larger)."""
+    noise = sum(r["time_ms_iqr"] for r in (a, b) if np.isfinite(r.get("time_ms_iqr", np.nan)))
+    spreads = [r.get("time_ms_spread", np.nan) for r in (a, b)]
+    if all(s is not None and np.isfinite(s) for s in spreads):
+        noise = max(noise, spreads[0] * a["time_ms"] + spreads[1] * b["time_ms"])
+    return float(noise)
+
+
 def fastest_accurate(df: pd.DataFrame, extra_cols: list[str]) -> pd.DataFrame:
-    """Per setting and answer length: the fastest ok case passing `criterion`, and (runs
-    with row_cos) the most accurate approximate variant, for the trade-off."""
+    """Per setting and answer length: the fastest path passing `criterion`, and (runs
+    with row_cos) the most accurate approximate variant, for the trade-off.
+
+    A setting exact at that length (`is_exact`) is an exact path, never the approximate
+    answer. The fastest accurate approximate path is the answer only where it beats the
+    fastest exact path by more than `time_noise`; otherwise the answer is that exact
+    path and the row says "no faster approximate path".
+    """
     column, text = criterion(df)
     rows = []
     for _, group in df.groupby("setting", sort=False):
@@ -170,19 +204,36 @@ def fastest_accurate(df: pd.DataFrame, extra_cols: list[str]) -> pd.DataFrame:
         for n in answer_lengths(group):
             at_n = ok_rows(group)
             at_n = at_n[at_n["seq_len"] == n]
-            cand = at_n[accurate(at_n, column)]
+            exact = is_exact(at_n)
+            cand = at_n[accurate(at_n, column) & ~exact]
+            exact_rows = at_n[exact]
             sdpa = _reference(group, "sdpa", "time_ms").get(n, np.nan)
             row = {c: first[c] for c in extra_cols} | {"N": n}
-            if cand.empty:
+            ref = exact_rows.loc[exact_rows["time_ms"].idxmin()] if len(exact_rows) else None
+            fast = cand.loc[cand["time_ms"].idxmin()] if len(cand) else None
+            best, verdict = ref, "no faster approximate path"
+            if fast is not None and ref is None:
+                best, verdict = fast, "no exact path measured here"
+            elif fast is not None:
+                noise = time_noise(fast, ref)
+                ratio = (f"{fmt_num(fast['time_ms'] / ref['time_ms'])} ± "
+                         f"{fmt_num(noise / ref['time_ms'])} × {exact_label(ref)}")
+                if ref["time_ms"] - fast["time_ms"] > noise:
+                    best, verdict = fast, ratio
+                else:
+                    verdict += f" ({fast['label']}: {ratio})"
+            elif ref is not None:
+                verdict += f" (no approximate path has {text})"
+            if best is None:
                 row |= {f"fastest with {text}": "none measured ok"}
             else:
-                best = cand.loc[cand["time_ms"].idxmin()]
-                row |= {f"fastest with {text}": best["label"],
+                row |= {f"fastest with {text}": exact_label(best),
                         "time_ms": fmt_num(best["time_ms"]), "rel_err": fmt_err(best["rel_err"])}
                 if column == "row_cos":
                     row["row_cos"] = f"{best['row_cos']:.4f}"
                 row["× sdpa time"] = fmt_num(best["time_ms"] / sdpa)
-            approx = at_n[(at_n["family"] != "exact") & at_n[column].notna()]
+                row["approximate against exact (± spread)"] = verdict
+            approx = at_n[~exact & at_n[column].notna()]
             if column == "row_cos" and not approx.empty:
                 top = approx.loc[approx["row_cos"].idxmax()]
                 row |= {"most accurate approximate": top["label"],
@@ -217,17 +268,35 @@ def pareto_table(df: pd.DataFrame, n: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def gflops_table(df: pd.DataFrame, matmul_gflops: float | None) -> pd.DataFrame:
-    """Best achieved GFLOP/s per label and pass, and its share of the fp32 matmul rate."""
+def matmul_rates(meta: dict) -> dict[str, float]:
+    """"device dtype" -> the matmul GFLOP/s meta.json records for it (runs before per-dtype
+    rates recorded the CPU's float32 rate alone)."""
+    rates = dict(meta.get("matmul_gflops") or {})
+    if meta.get("matmul_fp32_gflops") and "cpu float32" not in rates:
+        rates["cpu float32"] = meta["matmul_fp32_gflops"]
+    return {k: float(v) for k, v in rates.items() if v}
+
+
+def gflops_table(df: pd.DataFrame, rates: dict[str, float] | float | None) -> pd.DataFrame:
+    """Best achieved GFLOP/s per label, pass, device and dtype, and its share of the matmul
+    rate measured on that device in that dtype (`matmul_rates`; a number: the CPU's
+    float32 rate)."""
+    if not isinstance(rates, dict):
+        rates = {"cpu float32": rates} if rates else {}
     ok = ok_rows(df)
     ok = ok[np.isfinite(ok["gflops_per_s"])]
-    best = ok.loc[ok.groupby(["label", "pass"])["gflops_per_s"].idxmax()] if len(ok) else ok
+    keys = ["label", "pass", "device", "dtype"]
+    best = ok.loc[ok.groupby(keys)["gflops_per_s"].idxmax()] if len(ok) else ok
+    several = ok[["device", "dtype"]].drop_duplicates().shape[0] > 1
     rows = []
     for _, r in best.iterrows():
-        row = {"variant": r["label"], "pass": r["pass"], "at N": int(r["seq_len"]),
-               "GFLOP/s": fmt_num(r["gflops_per_s"])}
-        if matmul_gflops:
-            row["% of matmul"] = f"{100 * r['gflops_per_s'] / matmul_gflops:.0f}%"
+        row = {"variant": r["label"], "pass": r["pass"]}
+        if several:
+            row["device dtype"] = f"{r['device']} {r['dtype']}"
+        row |= {"at N": int(r["seq_len"]), "GFLOP/s": fmt_num(r["gflops_per_s"])}
+        rate = rates.get(f"{r['device']} {r['dtype']}")
+        if rates:
+            row["% of matmul"] = f"{100 * r['gflops_per_s'] / rate:.0f}%" if rate else "–"
         rows.append(row)
     order = {lb: i for i, lb in enumerate(label_order(df))}
     return pd.DataFrame(rows).sort_values("variant", key=lambda s: s.map(order)) if rows \
