@@ -66,10 +66,12 @@ def config_row(config: TrainConfig, module) -> dict:
 
 def reach(config: TrainConfig, module) -> float | None:
     """For a one-layer model whose variant attends over a fixed key pattern (its `key_mask`:
-    windows, block layouts), the share of held-out queries whose answer lies inside the
-    pattern seen from the query, or within the short convolution's reach of it: the recall
-    it can reach by reading; the other queries it can only guess. None for other variants
-    (no pattern, or more layers, which can relay)."""
+    windows, block layouts), the share of held-out queries whose answer it can read: the
+    pattern seen from the query holds a position where the short convolution has put the
+    answer together with its key, the answer's own position or the next one (kernel 3:
+    position j carries tokens j-2..j, and the key sits just before its answer). The other
+    queries it can only guess. None for other variants (no pattern, or more layers, which
+    can relay)."""
     mask = module.key_mask(config.seq_len) if config.layers == 1 else None
     if mask is None:
         return None
@@ -85,8 +87,12 @@ def reach(config: TrainConfig, module) -> float | None:
     seen = mask(torch.arange(N), torch.arange(N))  # (N, N): query i sees key j
     if config.causal:
         seen = seen & torch.ones(N, N, dtype=torch.bool).tril()
-    near = (cols - at[rows, cols]).abs() <= CONV_REACH
-    return float((seen[cols, at[rows, cols]] | near).float().mean())
+    answer = at[rows, cols]
+    carried = torch.zeros(len(rows), dtype=torch.bool)
+    for shift in range(CONV_REACH):  # positions answer .. answer + K - 2 hold key and answer
+        j = (answer + shift).clamp(max=N - 1)
+        carried |= seen[cols, j] & (answer + shift < N)
+    return float(carried.float().mean())
 
 
 def skip_reasons(config: TrainConfig, module) -> list[str]:
