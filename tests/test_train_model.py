@@ -118,8 +118,9 @@ def _reach(variant, params, causal=True, layers=1, N=64):
 
 
 def test_reach_is_the_share_of_answers_a_pattern_can_see():
-    """Independent of the pattern code: a window sees an answer iff it is at most `window`
-    positions back; the convolution adds two."""
+    """Independent of the pattern code: a one-layer window model can read an answer d
+    positions back iff d <= window + 1 (the position after the answer carries it, with its
+    key, through the kernel-3 convolution)."""
     from harness.train.tasks import mqar
 
     x, y = mqar(200, 64, 64, 8, seed=1)  # the held-out set of seed 0
@@ -130,7 +131,7 @@ def test_reach_is_the_share_of_answers_a_pattern_can_see():
             first.setdefault(t, i)
         dist += [i - first[row[i]] - 1 for i, label in enumerate(lab) if label != -100]
     for w in (0, 4, 16):
-        share = sum(d <= max(w, 2) for d in dist) / len(dist)
+        share = sum(d <= w + 1 for d in dist) / len(dist)
         assert _reach("sliding_window", {"window": w}) == pytest.approx(share)
     assert _reach("sliding_window", {"window": 64}) == 1.0
     assert _reach("sliding_window", {"window": 4}, causal=False) == _reach(

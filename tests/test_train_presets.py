@@ -47,7 +47,9 @@ def test_train_cpu_is_a_superset_of_the_quick_settings():
     _, cpu = tm.load("train-cpu")
     settings = {(c.seq_len, c.task_params, c.vocab_size, c.causal) for c in cpu}
     assert {(c.seq_len, c.task_params, c.vocab_size, c.causal) for c in quick} <= settings
-    assert len(cpu[0].lrs) >= 2 and {c.variant for c in quick} <= {c.variant for c in cpu}
+    # standard computes what sdpa computes: the reference leaves it to the quick preset
+    assert len(cpu[0].lrs) >= 2
+    assert {c.variant for c in quick} - {"standard"} <= {c.variant for c in cpu}
 
 
 def test_train_gpu_is_zoologys_figure_2_grid():

@@ -93,3 +93,19 @@ def test_dry_run_splits_the_shards(serial, capsys):
     out = capsys.readouterr().out
     assert out.startswith("4 configurations; 1 skipped as declared unsupported; 3 to train")
     assert "shard 0:" in out and "shard 1:" in out and "skip x1: linformer" in out
+
+
+def test_two_workers_write_the_rows_one_does(serial, tmp_path):
+    cfg, _, rows = serial
+    assert _train(cfg, tmp_path, "w2", "--workers", "2") == 0
+    got = {r["config_id"]: {k: r[k] for k in SAME} for r in _rows(tmp_path / "w2" / "train.csv")}
+    assert got == {r["config_id"]: {k: r[k] for k in SAME} for r in rows}
+    meta = json.loads((tmp_path / "w2" / "train_meta.json").read_text())
+    assert meta["sessions"][-1]["workers"] == 2
+
+
+def test_workers_with_an_executor_is_refused(serial, capsys):
+    cfg, d, _ = serial
+    assert _train(cfg, d, "x", "--executor", "local", "--shards", "2", "--workers", "2") == 2
+    assert "--workers is for a sweep on this machine" in capsys.readouterr().err
+    assert not (d / "x").exists()

@@ -43,6 +43,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "and train nothing")
     p.add_argument("--variants", help="comma-separated variant names to keep")
     p.add_argument("--threads", help="torch threads in the worker (0: all cores)")
+    p.add_argument("--workers", help="configurations trained at once, each in its own worker "
+                                     "process (default: the matrix's `workers`, else 1)")
     executors.add_args(p)
 
 
@@ -55,7 +57,7 @@ def overrides_from(args) -> dict:
     return out
 
 
-def plan(configs: list[tm.TrainConfig], n_shards: int = 1) -> int:
+def plan(configs: list[tm.TrainConfig], n_shards: int = 1, workers: int = 1) -> int:
     """Print the configurations, their declared skips and an upper-bound time estimate."""
     import variants
 
@@ -74,9 +76,11 @@ def plan(configs: list[tm.TrainConfig], n_shards: int = 1) -> int:
     runs = sum(len(c.lrs) for c, t in costs if t)
     print(f"{len(configs)} configurations; {skipped} skipped as declared unsupported; "
           f"{len(configs) - skipped} to train ({runs} training runs over the learning rates), "
-          f"upper-bound estimate {total / 60:.1f} min: every rate to max_steps, where early "
-          f"stopping ends most runs sooner (fp32 matmul {rate / 1e9:.0f} GFLOP/s measured "
-          f"here{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''})")
+          f"upper-bound estimate {total / 60:.1f} min of work"
+          f"{f' (about {total / 60 / workers:.1f} min on {workers} workers)' if workers > 1 else ''}"
+          f": every rate to max_steps, where early stopping ends most runs sooner (fp32 "
+          f"matmul {rate / 1e9:.0f} GFLOP/s measured here"
+          f"{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''})")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
     if n_shards > 1:
@@ -89,8 +93,18 @@ def plan(configs: list[tm.TrainConfig], n_shards: int = 1) -> int:
     return 0
 
 
+def workers_from(args, source: str) -> int:
+    if getattr(args, "workers", None) is not None:
+        n = _parse(args.workers, int, "workers")
+        if n < 1:
+            raise UsageError(f"--workers must be a positive integer, got {args.workers!r}")
+        return n
+    return tm.sweep_workers(source)
+
+
 def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | None,
-              settings: executors.Settings | None = None, argv: list[str] | None = None):
+              settings: executors.Settings | None = None, argv: list[str] | None = None,
+              workers: int = 1):
     """Check, then train a matrix; returns the run folder when every configuration has a
     row, else the exit status (a sharded sweep submitted with --no-wait or unfinished)."""
     settings = settings or executors.Settings()
@@ -116,7 +130,7 @@ def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | Non
 
         trained.merge_before_serial(store, configs)
     earlier = len(store.done_ids()) if resume else 0
-    counts = runner.run(matrix, configs, store, resume=resume)
+    counts = runner.run(matrix, configs, store, resume=resume, workers=workers)
     print(runner.summary_line(len(configs), counts, earlier, store.folder))
     return store.folder
 
@@ -125,13 +139,17 @@ def train_command(args) -> int:
     import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
     source = args.config or args.preset or DEFAULT_PRESET
     settings = executors.settings_from(args, read_toml(source).get("executor"))
+    if settings.kind != "serial" and getattr(args, "workers", None) is not None:
+        raise UsageError("--workers is for a sweep on this machine; with --executor, "
+                         "--shards says how many configurations train at once")
+    workers = workers_from(args, source) if settings.kind == "serial" else 1
     if args.dry_run:
         _, configs = tm.load(source, overrides_from(args))
         if not configs:
             raise UsageError("the training matrix has no configuration")
-        return plan(configs, settings.shards)
+        return plan(configs, settings.shards, workers)
     out = run_train(source, overrides_from(args), args.results_dir, args.run_id, settings,
-                    getattr(args, "argv", None))
+                    getattr(args, "argv", None), workers)
     if isinstance(out, int):
         return out
     from harness.cli.report import report_dir

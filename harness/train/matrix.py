@@ -31,8 +31,10 @@ product, and the union (first occurrence of each configuration wins) is the run.
     threads = 0                 # torch threads in the worker; 0: all cores
     timeout_s = 300             # per learning rate, wall clock; the worker is killed after it
     mem_limit_mib = 0           # worker address-space cap above its baseline; 0: MemAvailable*0.9
+    workers = 1                 # top level only: configurations trained at once (serial run)
 
-An `[executor]` table (harness.cluster.executors) says how to run it, not what is run.
+`workers` and an `[executor]` table (harness.cluster.executors) say how to run it, not what
+is run: a sweep resumed with other values is the same sweep.
 """
 
 from __future__ import annotations
@@ -293,10 +295,19 @@ def expand(matrix: dict, errors: list[str] | None = None) -> list[TrainConfig]:
     return list(out.values())
 
 
+def sweep_workers(source: str) -> int:
+    """The TOML's top-level `workers` (configurations trained at once; default 1)."""
+    value = read_toml(source).get("workers", 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"'workers' must be a positive integer, got {value!r}")
+    return value
+
+
 def load(source: str, overrides: dict | None = None) -> tuple[dict, list[TrainConfig]]:
     """Read, check and expand a train preset or TOML file: (normalised matrix, configs)."""
     raw = read_toml(source)
     raw.pop("executor", None)  # how to run it (harness.cluster.executors), not what is run
+    raw.pop("workers", None)  # how many at once (sweep_workers), likewise
     if _BENCHMARK_ONLY & set(raw):  # a preset of `run` handed to `train`: say so, in short
         raise UsageError(f"{source} is a benchmark matrix (for `run_bench.py run`); `train` "
                          "takes a training matrix: train-quick, train-cpu, train-gpu or a "

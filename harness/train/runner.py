@@ -6,7 +6,8 @@ declared reasons (non-causal only, a length it cannot take, no CUDA here) make t
 `skipped` with them. Each learning rate is one request to a `python -m
 harness.train.worker` process (harness.measure.runner.Worker), killed after the
 configuration's `timeout_s`; a worker that times out, dies (a crash, the kernel's OOM
-killer) or runs out of memory is replaced before the next run. The sweep stops at the
+killer) or runs out of memory is replaced before the next run. With `workers` > 1, that
+many configurations train at once, each in its own worker process. The sweep stops at the
 first rate that reaches `early_stop`; the row reports the best held-out accuracy over the
 rates tried and the run of the rate that reached it (Zoology's report: the best over a
 sweep of learning rates).
@@ -16,9 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -62,10 +66,12 @@ def config_row(config: TrainConfig, module) -> dict:
 
 def reach(config: TrainConfig, module) -> float | None:
     """For a one-layer model whose variant attends over a fixed key pattern (its `key_mask`:
-    windows, block layouts), the share of held-out queries whose answer lies inside the
-    pattern seen from the query, or within the short convolution's reach of it: the recall
-    it can reach by reading; the other queries it can only guess. None for other variants
-    (no pattern, or more layers, which can relay)."""
+    windows, block layouts), the share of held-out queries whose answer it can read: the
+    pattern seen from the query holds a position where the short convolution has put the
+    answer together with its key, the answer's own position or the next one (kernel 3:
+    position j carries tokens j-2..j, and the key sits just before its answer). The other
+    queries it can only guess. None for other variants (no pattern, or more layers, which
+    can relay)."""
     mask = module.key_mask(config.seq_len) if config.layers == 1 else None
     if mask is None:
         return None
@@ -81,8 +87,12 @@ def reach(config: TrainConfig, module) -> float | None:
     seen = mask(torch.arange(N), torch.arange(N))  # (N, N): query i sees key j
     if config.causal:
         seen = seen & torch.ones(N, N, dtype=torch.bool).tril()
-    near = (cols - at[rows, cols]).abs() <= CONV_REACH
-    return float((seen[cols, at[rows, cols]] | near).float().mean())
+    answer = at[rows, cols]
+    carried = torch.zeros(len(rows), dtype=torch.bool)
+    for shift in range(CONV_REACH):  # positions answer .. answer + K - 2 hold key and answer
+        j = (answer + shift).clamp(max=N - 1)
+        carried |= seen[cols, j] & (answer + shift < N)
+    return float(carried.float().mean())
 
 
 def skip_reasons(config: TrainConfig, module) -> list[str]:
@@ -137,45 +147,72 @@ class Sweeper:
             self.worker = None
 
 
-def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_path: Path,
-          bar=None) -> Counter:
-    """Append one row per configuration not in `done`, in order; counts rows by status.
+def train_config(config: TrainConfig, sweeper: Sweeper, bar=None) -> dict:
+    """One configuration's row: declared skips, else the sweep over its learning rates."""
+    module = variants.build(config.variant, **config.param_dict)
+    row = config_row(config, module)
+    reasons = skip_reasons(config, module)
+    if reasons:
+        return {**row, "status": "skipped", "reason": "; ".join(reasons)}
+    runs = []
+    for lr in config.lrs:
+        if bar is not None:
+            bar.set_postfix_str(f"{config.label()} lr={lr:g}", refresh=True)
+        got, wall = sweeper.run(config, lr)
+        runs.append((lr, got, wall))
+        if got["status"] == "ok" and got["accuracy"] >= config.early_stop:
+            break
+    return {**row, **combine(config, runs)}
 
-    Shared by the serial run (below) and each shard of a sharded one (harness.cluster).
+
+def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_path: Path,
+          bar=None, workers: int = 1) -> Counter:
+    """Append one row per configuration not in `done`; counts rows by status.
+
+    `workers` configurations train at once, each in a worker process of its own (two
+    one-thread workers use both cores of a 2-core machine); rows are appended as they
+    finish, in the matrix's order when workers = 1. Shared by the serial run (below) and
+    each shard of a sharded one (harness.cluster).
     """
+    todo = [c for c in configs if c.config_id not in done]
     store.open()
-    counts, sweeper = Counter(), Sweeper(log_path)
-    try:
-        for config in configs:
-            if config.config_id in done:
-                continue
-            module = variants.build(config.variant, **config.param_dict)
-            row = config_row(config, module)
-            reasons = skip_reasons(config, module)
-            if reasons:
-                row.update(status="skipped", reason="; ".join(reasons))
-            else:
-                runs = []
-                for lr in config.lrs:
-                    if bar is not None:
-                        bar.set_postfix_str(f"{config.label()} lr={lr:g}", refresh=True)
-                    got, wall = sweeper.run(config, lr)
-                    runs.append((lr, got, wall))
-                    if got["status"] == "ok" and got["accuracy"] >= config.early_stop:
-                        break
-                row.update(combine(config, runs))
+    counts, lock = Counter(), threading.Lock()
+    idle = queue.SimpleQueue()
+    sweepers = [Sweeper(log_path) for _ in range(max(1, min(workers, len(todo))))]
+    for s in sweepers:
+        idle.put(s)
+
+    def one(config: TrainConfig) -> None:
+        sweeper = idle.get()
+        try:
+            row = train_config(config, sweeper, bar)
+        finally:
+            idle.put(sweeper)
+        with lock:
             store.append(row)
             counts[row["status"]] += 1
             if bar is not None:
                 bar.update(1)
+
+    try:
+        if len(sweepers) == 1:
+            for config in todo:
+                one(config)
+        else:
+            with ThreadPoolExecutor(len(sweepers)) as pool:
+                for _ in pool.map(one, todo):  # re-raises a failure of the harness itself
+                    pass
     finally:
-        sweeper.close()
+        for s in sweepers:
+            s.close()
         store.close()
     return counts
 
 
-def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: bool) -> Counter:
-    """Train every configuration not yet in the store; returns the rows written by status."""
+def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: bool,
+        workers: int = 1) -> Counter:
+    """Train every configuration not yet in the store (`workers` at once); returns the rows
+    written by status."""
     done = store.done_ids() if resume else set()
     meta = store.read_meta() if resume else {}
     threads = configs[0].threads if configs else 1
@@ -188,11 +225,12 @@ def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: 
     meta.setdefault("started", now())
     meta.setdefault("sessions", []).append({"started": now(), "ended": None})
     meta.update({"matrix": matrix, "configs": len(configs), "ended": None})
+    meta["sessions"][-1]["workers"] = workers
     store.write_meta(meta)
     bar = tqdm(total=len(configs), initial=sum(c.config_id in done for c in configs),
                unit="config", file=sys.stderr, dynamic_ncols=True)
     try:
-        return sweep(configs, store, done, store.folder / "train_worker.log", bar)
+        return sweep(configs, store, done, store.folder / "train_worker.log", bar, workers)
     finally:
         bar.close()
         meta["sessions"][-1]["ended"] = meta["ended"] = now()

@@ -87,6 +87,7 @@ def train(config: TrainConfig, lr: float) -> dict:
     device = torch.device(config.device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     (train_x, train_y), (test_x, test_y) = datasets(config)
+    train_x, train_y = train_x.to(device), train_y.to(device)  # once, not per step
     model = build_model(config).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -100,9 +101,9 @@ def train(config: TrainConfig, lr: float) -> dict:
     for step in range(1, config.max_steps + 1):
         if at + config.batch > len(perm):  # a new epoch, reshuffled
             perm, at = torch.randperm(len(train_x), generator=order), 0
-        idx = perm[at:at + config.batch]
+        idx = perm[at:at + config.batch].to(device)
         at += config.batch
-        x, y = train_x[idx].to(device), train_y[idx].to(device)
+        x, y = train_x[idx], train_y[idx]
         sync()
         t0 = time.perf_counter()
         where = y != tasks.IGNORE
