@@ -184,15 +184,7 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
         g["variants"] = _resolve_variants(g["variants"], g["params"], f"groups[{i}]", errors)
         full.append(g)
     if narrow is not None:
-        wanted = [n.strip() for n in narrow if n.strip()]
-        present = {n for g in full for n in g["variants"]}
-        for n in wanted:
-            if n not in variants.names(private=True):
-                errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
-            elif n not in present:
-                errors.append(f"variant {n!r} is not in this matrix")
-        for g in full:
-            g["variants"] = {n: s for n, s in g["variants"].items() if n in wanted}
+        narrow_variants(full, narrow, errors)
     if errors:  # top-level keys are checked once per group: report each problem once
         raise UsageError("; ".join(dict.fromkeys(errors)))
     for g in full:
@@ -236,6 +228,20 @@ def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTION
             continue
         out[key] = value
     return out
+
+
+def narrow_variants(groups: list[dict], narrow, errors: list[str]) -> None:
+    """Keep only the variants named in `narrow` (--variants) in each expanded group; a name
+    that is not registered, or not in the matrix, is an error."""
+    wanted = [n.strip() for n in narrow if n.strip()]
+    present = {n for g in groups for n in g["variants"]}
+    for n in wanted:
+        if n not in variants.names(private=True):
+            errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
+        elif n not in present:
+            errors.append(f"variant {n!r} is not in this matrix")
+    for g in groups:
+        g["variants"] = {n: s for n, s in g["variants"].items() if n in wanted}
 
 
 def _resolve_variants(spec, params: dict, where: str, errors: list[str]) -> dict:

@@ -216,7 +216,10 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL)
 
 
-def main() -> None:
+def serve(handle) -> None:
+    """A worker process's loop: one JSON request per stdin line, handle(request) -> result,
+    one RESULT_PREFIX line per result on the real stdout (library prints go to stderr).
+    Shared by this worker and the training worker (harness.train.worker)."""
     _die_with_parent()
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # library prints go to stderr; stdout carries results only
@@ -224,11 +227,18 @@ def main() -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
-        request = json.loads(line)
-        result = run_case(Case(**request["case"]), request["part"])
-        memory.release(request["case"]["device"])  # the case's tensors are gone by now
-        proto.write(RESULT_PREFIX + json.dumps(result) + "\n")
+        proto.write(RESULT_PREFIX + json.dumps(handle(json.loads(line))) + "\n")
         proto.flush()
+
+
+def _handle(request: dict) -> dict:
+    result = run_case(Case(**request["case"]), request["part"])
+    memory.release(request["case"]["device"])  # the case's tensors are gone by now
+    return result
+
+
+def main() -> None:
+    serve(_handle)
 
 
 if __name__ == "__main__":

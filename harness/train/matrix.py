@@ -46,9 +46,8 @@ import itertools
 import json
 import os
 
-import variants
 from harness.errors import UsageError
-from harness.measure.matrix import read_toml, resolve_variants
+from harness.measure.matrix import narrow_variants, read_toml, resolve_variants
 from harness.train import tasks
 
 # key -> (default, kind). "list:" keys take a value or a list and are product axes.
@@ -239,15 +238,7 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
         merged["task_keys"] = sorted(task_keys)
         full.append(merged)
     if narrow is not None:
-        wanted = [n.strip() for n in narrow if n.strip()]
-        present = {n for g in full for n in g["variants"]}
-        for n in wanted:
-            if n not in variants.names(private=True):
-                errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
-            elif n not in present:
-                errors.append(f"variant {n!r} is not in this matrix")
-        for g in full:
-            g["variants"] = {n: s for n, s in g["variants"].items() if n in wanted}
+        narrow_variants(full, narrow, errors)
     if not errors:
         expand({"groups": full}, errors)  # settings the tasks or the model cannot take
     if errors:  # a top-level key is checked once per group: each problem once

@@ -10,14 +10,11 @@ worker that died (a crash, the kernel's OOM killer) as a row too.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 
 import torch
 
 from harness.measure import memory
-from harness.measure.worker import RESULT_PREFIX, _describe, _die_with_parent, import_extra
+from harness.measure.worker import _describe, serve
 from harness.train.matrix import TrainConfig
 from harness.train.trainer import train
 
@@ -43,17 +40,8 @@ def run_request(config: TrainConfig, lr: float) -> dict:
 
 
 def main() -> None:
-    _die_with_parent()
-    proto = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # library prints go to stderr; stdout carries results only
-    import_extra()
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        result = run_request(TrainConfig.from_json(request["config"]), float(request["lr"]))
-        proto.write(RESULT_PREFIX + json.dumps(result) + "\n")
-        proto.flush()
+    serve(lambda request: run_request(TrainConfig.from_json(request["config"]),
+                                      float(request["lr"])))
 
 
 if __name__ == "__main__":
