@@ -23,7 +23,13 @@ import torch
 import variants
 from harness.measure import timing
 
-DEFAULTS = ["sliding_window", "block_sparse", "linformer", "nystrom", "linear", "performer"]
+
+
+def default_variants() -> list[str]:
+    """Our approximate variants: the quick preset's non-exact ones (data, not a list here)."""
+    from harness.measure.matrix import read_toml
+
+    return [n for n in read_toml("quick")["variants"] if not variants.spec(n).exact]
 
 
 def matmul_gflops(n: int = 2048, min_run_time: float = 0.3) -> float:
@@ -66,7 +72,8 @@ def measure(name: str, B: int, H: int, N: int, D: int, causal: bool, backward: b
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m harness.measure.roofline",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--variants", default=",".join(DEFAULTS))
+    p.add_argument("--variants", default=None,
+                   help="comma-separated (default: the quick preset's approximate variants)")
     p.add_argument("--seq-lens", default="8192")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
@@ -78,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = [n for n in args.variants.split(",") if n]
+    names = [n for n in (args.variants or ",".join(default_variants())).split(",") if n]
     unknown = [n for n in names if n not in variants.names(private=True)]
     if unknown:
         p.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(variants.names())}")
