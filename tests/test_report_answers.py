@@ -119,3 +119,20 @@ def test_gflops_are_set_against_the_rate_of_their_device_and_dtype():
     # a CUDA row without a rate of its own is not set against the CPU's
     table = T.gflops_table(rows, {"cpu float32": 200.0}).set_index("device dtype")
     assert table.loc["cuda bfloat16", "% of matmul"] == "–"
+
+
+def test_gflops_below_half_the_matmul_rate_are_flagged_against_the_runs_samples():
+    rows = pd.DataFrame([
+        {"label": lb, "pass": "forward", "device": "cpu", "dtype": "float32",
+         "seq_len": 4096, "gflops_per_s": g, "status": "ok", "family": "exact"}
+        for lb, g in (("sdpa", 100.0), ("standard", 98.0))])
+    # the rate of the run: the median of its samples (100, 198, 300), not the first one
+    meta = {"matmul_fp32_gflops": 100.0, "matmul_gflops": {"cpu float32": 198.0},
+            "matmul_samples": [{"at": a, "rates": {"cpu float32": g}} for a, g in
+                               (("start", 100.0), ("before round 2", 300.0), ("end", 198.0))]}
+    table = T.gflops_table(rows, T.matmul_rates(meta)).set_index("variant")
+    assert table.loc["sdpa", "flag"] == "" and table.loc["standard", "flag"] == "below half"
+    note = T.matmul_note(meta)
+    assert note.startswith("cpu float32 198 GFLOP/s") and "3 samples" in note
+    assert "100 to 300" in note
+    assert "measured once" in T.matmul_note({"matmul_fp32_gflops": 100.0})

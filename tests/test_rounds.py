@@ -76,6 +76,13 @@ def test_rounds_go_over_every_case_in_matrix_order(three_rounds):
                if r["round"] == 1)
     meta = json.loads((folder / "meta.json").read_text())
     assert [s["before_round"] for s in meta["busy"]] == [0, 2, 3]
+    # the matmul rate the report sets GFLOP/s against: sampled as the busy check is, and
+    # at the end; the median of the samples
+    samples = meta["matmul_samples"]
+    assert [s["at"] for s in samples] == ["start", "before round 2", "before round 3", "end"]
+    assert all(s["rates"]["cpu float32"] > 0 for s in samples)
+    assert meta["matmul_gflops"]["cpu float32"] == statistics.median(
+        s["rates"]["cpu float32"] for s in samples)
 
 
 def test_row_pools_the_rounds(three_rounds):

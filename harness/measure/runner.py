@@ -227,9 +227,13 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     meta.setdefault("busy", []).append(busy_sample(0))
     if "matmul_fp32_gflops" not in meta:  # once per run, not per resumed session
         meta["matmul_fp32_gflops"] = matmul_fp32_gflops(threads)
-    # The rate each (device, dtype) of the run is set against: its own matmul, measured.
-    meta["matmul_gflops"] = matmul_rates(cases, threads, meta.get("matmul_gflops") or {
-        "cpu float32": meta["matmul_fp32_gflops"]})
+    # The rate each (device, dtype) of the run is set against: its own matmul, measured at
+    # the start, before each later round and at the end (the machine's speed drifts
+    # between minutes); `matmul_gflops` is the median of those samples.
+    samples = meta.setdefault("matmul_samples", [])
+    samples.append({"at": "start", "rates": matmul_rates(cases, threads, None if samples else {
+        "cpu float32": meta["matmul_fp32_gflops"]})})
+    meta["matmul_gflops"] = median_rates(samples)
     meta.setdefault("started", now())
     meta.setdefault("sessions", []).append({"started": now(), "ended": None})
     meta.update({"matrix": matrix, "cases": len(cases), "ended": None})
@@ -241,6 +245,8 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
 
     def between_rounds(r: int) -> None:
         meta["busy"].append(busy_sample(r))
+        samples.append({"at": f"before round {r}", "rates": matmul_rates(cases, threads, None, 0.2)})
+        meta["matmul_gflops"] = median_rates(samples)
         store.write_meta(meta)
 
     try:
@@ -249,9 +255,18 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
         bar.close()
         if any(c.rounds > 1 for c in cases):  # rows came as last rounds ended: matrix order
             store.reorder([c.case_id for c in cases])
+        samples.append({"at": "end", "rates": matmul_rates(cases, threads, None, 0.2)})
+        meta["matmul_gflops"] = median_rates(samples)
         meta["sessions"][-1]["ended"] = meta["ended"] = now()
         meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         store.write_meta(meta)
+
+
+def median_rates(samples: list[dict]) -> dict[str, float]:
+    """"device dtype" -> the median of the matmul rates sampled during the run."""
+    keys = dict.fromkeys(k for s in samples for k in s["rates"])
+    return {k: statistics.median(s["rates"][k] for s in samples if k in s["rates"])
+            for k in keys}
 
 
 def busy_sample(before_round: int) -> dict:

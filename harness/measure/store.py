@@ -170,7 +170,8 @@ def matmul_fp32_gflops(threads: int, n: int = 2048) -> float:
     return matmul_gflops("cpu", "float32", threads, n)
 
 
-def matmul_rates(cases, threads: int, known: dict | None = None) -> dict[str, float]:
+def matmul_rates(cases, threads: int, known: dict | None = None,
+                 min_run_time: float = 0.5) -> dict[str, float]:
     """"device dtype" -> matmul GFLOP/s for every (device, dtype) of the cases not in
     `known` (CUDA only where a device is visible: the runner skips those cases otherwise)."""
     import torch
@@ -178,11 +179,13 @@ def matmul_rates(cases, threads: int, known: dict | None = None) -> dict[str, fl
     rates = dict(known or {})
     for device, dtype in dict.fromkeys((c.device, c.dtype) for c in cases):
         if f"{device} {dtype}" not in rates and (device != "cuda" or torch.cuda.is_available()):
-            rates[f"{device} {dtype}"] = matmul_gflops(device, dtype, threads)
+            rates[f"{device} {dtype}"] = matmul_gflops(device, dtype, threads,
+                                                       min_run_time=min_run_time)
     return rates
 
 
-def matmul_gflops(device: str, dtype: str, threads: int, n: int | None = None) -> float:
+def matmul_gflops(device: str, dtype: str, threads: int, n: int | None = None,
+                  min_run_time: float = 0.5) -> float:
     """The matmul rate of `device` in `dtype`: 2 n^3 / median time of an n x n matmul.
 
     CPU: n = 2048 in float32, 1024 in other dtypes (slower here: no bf16 units, float64
@@ -202,7 +205,7 @@ def matmul_gflops(device: str, dtype: str, threads: int, n: int | None = None) -
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g).to(device=dev, dtype=getattr(torch, dtype))
             for _ in range(2))
-    t = time_call(lambda: a @ b, min_run_time=0.5, min_repeats=5, warmup=2, device=dev)
+    t = time_call(lambda: a @ b, min_run_time=min_run_time, min_repeats=5, warmup=2, device=dev)
     del a, b
     release(dev.type)
     return 2 * n**3 / (t.time_ms * 1e6)

@@ -198,12 +198,15 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
             blocks += [("h", 4, f"N = {n}"), ("table", T.pareto_table(v, n))]
 
     rates = T.matmul_rates(meta)
+    gflops = T.gflops_table(df, rates)
+    slow = int((gflops["flag"] != "").sum()) if "flag" in gflops else 0
     blocks += [("h", 2, "Achieved GFLOP/s"),
                ("p", "Analytic FLOPs over the median time, best over lengths, set against "
                      "the matmul rate measured on the same device in the same dtype: "
-                     + ("; ".join(f"{k} {v:.0f} GFLOP/s" for k, v in rates.items()) + "."
-                        if rates else "not recorded in meta.json.")),
-               ("table", T.gflops_table(df, rates))]
+                     + (T.matmul_note(meta) + "." if rates else "not recorded in meta.json.")
+                     + (f" {slow} of {len(gflops)} rows run below half of it (flagged)."
+                        if rates else "")),
+               ("table", gflops)]
     if not view.empty:
         key = f"{view.iloc[0]['device']} {view.iloc[0]['dtype']}"
         blocks.append(("img", plots.gflops_plot(ok, rates.get(key), run_dir / "plots" / "gflops.png",

@@ -277,10 +277,30 @@ def matmul_rates(meta: dict) -> dict[str, float]:
     return {k: float(v) for k, v in rates.items() if v}
 
 
+def matmul_note(meta: dict) -> str:
+    """How each matmul rate was measured: the median of the samples taken during the run
+    (start, before each later round, end) and their range, or the single rate of a folder
+    written before samples were kept."""
+    rates, samples = matmul_rates(meta), meta.get("matmul_samples") or []
+    parts = []
+    for key, rate in rates.items():
+        seen = [s["rates"][key] for s in samples if s["rates"].get(key)]
+        if len(seen) > 1:
+            parts.append(f"{key} {rate:.0f} GFLOP/s (median of {len(seen)} samples taken "
+                         f"during the run, {min(seen):.0f} to {max(seen):.0f})")
+        else:
+            parts.append(f"{key} {rate:.0f} GFLOP/s (measured once, at the start)")
+    return "; ".join(parts)
+
+
+# A case below this share of the matmul rate is flagged: it runs well under the machine.
+SLOW_SHARE = 0.5
+
+
 def gflops_table(df: pd.DataFrame, rates: dict[str, float] | float | None) -> pd.DataFrame:
     """Best achieved GFLOP/s per label, pass, device and dtype, and its share of the matmul
     rate measured on that device in that dtype (`matmul_rates`; a number: the CPU's
-    float32 rate)."""
+    float32 rate), flagged "below half" under `SLOW_SHARE`."""
     if not isinstance(rates, dict):
         rates = {"cpu float32": rates} if rates else {}
     ok = ok_rows(df)
@@ -297,6 +317,7 @@ def gflops_table(df: pd.DataFrame, rates: dict[str, float] | float | None) -> pd
         rate = rates.get(f"{r['device']} {r['dtype']}")
         if rates:
             row["% of matmul"] = f"{100 * r['gflops_per_s'] / rate:.0f}%" if rate else "–"
+            row["flag"] = "below half" if rate and r["gflops_per_s"] < SLOW_SHARE * rate else ""
         rows.append(row)
     order = {lb: i for i, lb in enumerate(label_order(df))}
     return pd.DataFrame(rows).sort_values("variant", key=lambda s: s.map(order)) if rows \
