@@ -198,3 +198,50 @@ def test_cuda_matmul_rate_in_each_dtype():
     assert all(r > 0 for r in rates.values())
     # the 8192 x 8192 operands (256 MiB each in float32) were freed and handed back
     assert torch.cuda.memory_reserved() < 512 * 2**20
+
+
+def _fake_xformers(monkeypatch, raises: bool) -> None:
+    """A stand-in xformers package whose kernel call raises as a wheel built for another
+    torch does (no CUDA operators), or runs."""
+    import sys
+    import types
+
+    def memory_efficient_attention(q, k, v, attn_bias=None):
+        if raises:
+            raise NotImplementedError("No operator found for `memory_efficient_attention_"
+                                      "forward` with inputs:\n     query : shape=(1, 8, 1, 8)")
+        return q
+
+    import importlib.machinery
+
+    pkg, ops = types.ModuleType("xformers"), types.ModuleType("xformers.ops")
+    pkg.__spec__ = importlib.machinery.ModuleSpec("xformers", None)
+    pkg.__version__, ops.memory_efficient_attention, pkg.ops = "0.0.0", memory_efficient_attention, ops
+    monkeypatch.setitem(sys.modules, "xformers", pkg)
+    monkeypatch.setitem(sys.modules, "xformers.ops", ops)
+
+
+@pytest.mark.parametrize("raises", [True, False])
+def test_xformers_without_kernels_for_this_torch_is_a_reason_not_an_error(monkeypatch, raises):
+    """The H200 run's xformers wheel imported but had no CUDA operators: every xformers
+    case was an error row. The probe turns that into the reason the case is skipped."""
+    from variants import exact
+
+    _fake_xformers(monkeypatch, raises)
+    why = exact.kernel_missing.__wrapped__("cpu", torch.float32)  # uncached
+    if raises:
+        assert why.startswith("xformers 0.0.0 has no kernel for cpu torch.float32")
+        assert "No operator found" in why and "\n" not in why
+    else:
+        assert why == ""
+
+
+def test_xformers_reasons_ask_the_kernel_probe_on_cuda(monkeypatch):
+    from variants import exact
+
+    _fake_xformers(monkeypatch, raises=True)
+    monkeypatch.setattr(exact, "kernel_missing", lambda device, dtype: f"none on {device}")
+    assert exact.xformers_reasons(torch.device("cuda"), torch.float16) == ["none on cuda"]
+    assert variants.build("sliding_window_xformers").unsupported_reasons(
+        device="cuda", dtype=torch.float16, causal=False, seq_len=64, head_dim=8,
+        backward=False) == ["none on cuda"]

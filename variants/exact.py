@@ -5,6 +5,7 @@ softmax(q k^T / sqrt(D)) v (Vaswani et al. 2017, https://arxiv.org/abs/1706.0376
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -63,7 +64,28 @@ def xformers_reasons(device: torch.device, dtype: torch.dtype) -> list[str]:
                 f"{device.type}"]
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return [f"xformers memory_efficient_attention does not take {dtype}"]
-    return []
+    missing = kernel_missing(str(device), dtype)
+    return [missing] if missing else []
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_missing(device: str, dtype: torch.dtype) -> str:
+    """Why xformers has no kernel for `device` and `dtype` ("" when it has one): one tiny
+    call, once per process. A wheel built for another torch installs and imports but has
+    no CUDA operators ("No operator found for `memory_efficient_attention_forward`"), and
+    every case would otherwise be an error row; as a reason it is a skip naming the cause."""
+    import xformers
+    from xformers.ops import memory_efficient_attention
+
+    x = torch.zeros(1, 8, 1, 8, device=device, dtype=dtype)  # (B, N, H, D)
+    try:
+        memory_efficient_attention(x, x, x)
+    except NotImplementedError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return (f"xformers {getattr(xformers, '__version__', '?')} has no kernel for "
+                f"{device} {dtype} with this torch {torch.__version__} (built for another "
+                f"torch?): {first}")
+    return ""
 
 
 @register
