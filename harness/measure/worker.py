@@ -98,13 +98,13 @@ def run_case(case: Case, part: str) -> dict:
             if device.type == "cpu":
                 memory.lift_address_space_cap()
     except (MemoryError, torch.OutOfMemoryError) as e:
-        return _result("oom", _describe(e), **common)
+        return _result("oom", describe(e), **common)
     except RuntimeError as e:
         if memory.is_oom_message(str(e)):
-            return _result("oom", _describe(e), **common)
-        return _result("error", _describe(e), **common)
+            return _result("oom", describe(e), **common)
+        return _result("error", describe(e), **common)
     except Exception as e:  # a variant's own failure is a result row, with its message
-        return _result("error", _describe(e), **common)
+        return _result("error", describe(e), **common)
 
 
 def _prepare(case: Case, module, q, k, v, device) -> float | None:
@@ -199,7 +199,7 @@ def _prepared(case: Case, module, q, k, v):
     return timing.forward_backward_fn(module, q, k, v, case.causal)
 
 
-def _describe(e: BaseException) -> str:
+def describe(e: BaseException) -> str:
     """'Type: first line of the message (at file:line of the innermost frame)'."""
     msg = str(e).strip().splitlines()
     frames = traceback.extract_tb(e.__traceback__)

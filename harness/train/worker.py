@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from harness.measure import memory
-from harness.measure.worker import _describe, serve
+from harness.measure.worker import describe, serve
 from harness.train.matrix import TrainConfig
 from harness.train.trainer import train
 
@@ -31,12 +31,12 @@ def run_request(config: TrainConfig, lr: float) -> dict:
             if config.device == "cpu":
                 memory.lift_address_space_cap()
     except (MemoryError, torch.OutOfMemoryError) as e:
-        return {**common, "status": "oom", "reason": _describe(e)}
+        return {**common, "status": "oom", "reason": describe(e)}
     except RuntimeError as e:
         status = "oom" if memory.is_oom_message(str(e)) else "error"
-        return {**common, "status": status, "reason": _describe(e)}
+        return {**common, "status": status, "reason": describe(e)}
     except Exception as e:  # a variant's own failure is a row, with its message
-        return {**common, "status": "error", "reason": _describe(e)}
+        return {**common, "status": "error", "reason": describe(e)}
 
 
 def main() -> None:
