@@ -10,11 +10,9 @@ status; other settings are a usage error. A folder that holds neither an attnben
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from harness.errors import UsageError
-from harness.files import MODEL_CSV, MODEL_META, CsvLog, write_json
+from harness.files import META, MODEL_CSV, MODEL_META, CsvLog, check_folder, write_json
 from harness.files import MODEL_COLUMNS as COLUMNS
 KEY = ("model", "variant", "params", "device", "dtype", "seq_len")
 
@@ -31,27 +29,10 @@ class ModelStore:
 
     def check(self, settings: dict) -> set[tuple[str, ...]]:
         """UsageError unless the folder can take these rows; returns the keys already done."""
-        if not self.folder.exists():
-            return set()
-        if not self.folder.is_dir():
-            raise UsageError(f"{self.folder} exists and is not a folder")
-        entries = {p.name for p in self.folder.iterdir()}
-        if entries and not ({"meta.json", MODEL_META} & entries):
-            raise UsageError(f"{self.folder} exists and is not an attnbench run (no meta.json "
-                             f"or {MODEL_META}); choose another --run-id or --results-dir")
-        if self.meta_path.exists():
-            try:
-                old = json.loads(self.meta_path.read_text())
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{self.meta_path} is not valid JSON ({e}); "
-                                 "not resuming") from None
-            if old.get("settings") != settings:
-                raise UsageError(f"{self.folder} holds model drift with other settings (model, "
-                                 "text, windows or seed); choose another --run-id")
         log = CsvLog(self.csv_path, COLUMNS)
-        header = log.header()
-        if header is not None and header != COLUMNS:
-            raise UsageError(f"{self.csv_path} has other columns than this version writes")
+        check_folder(self.folder, self.meta_path, log, runs={META, MODEL_META},
+                     key="settings", value=settings,
+                     other="model drift with other settings (model, text, windows or seed)")
         return {row_key(r) for r in log.rows()}
 
     def open(self, meta: dict) -> None:

@@ -18,8 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from harness.errors import UsageError
-from harness.files import META, RESULTS, ROUNDS, CsvLog, now, write_json  # noqa: F401 (re-exported)
+from harness.files import META, RESULTS, ROUNDS, CsvLog, check_folder, now, write_json  # noqa: F401 (re-exported)
 from harness.files import RESULT_COLUMNS as COLUMNS
 
 
@@ -38,28 +37,9 @@ class RunStore:
 
         Returns True when it is an existing run to resume.
         """
-        if not self.folder.exists():
-            return False
-        if not self.folder.is_dir():
-            raise UsageError(f"{self.folder} exists and is not a folder")
-        if not any(self.folder.iterdir()):
-            return False
-        if not self.meta_path.is_file():
-            raise UsageError(f"{self.folder} exists and is not an attnbench run (no {META}); "
-                             "choose another --run-id or --results-dir")
-        try:
-            old = json.loads(self.meta_path.read_text())
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{self.meta_path} is not valid JSON ({e}); not resuming") from None
-        if old.get("matrix") != matrix:
-            raise UsageError(f"{self.folder} holds a run of a different matrix; resuming needs the "
-                             "same preset/config and flags (or choose another --run-id)")
-        if self.csv_path.exists():
-            with self.csv_path.open(newline="") as f:
-                header = next(csv.reader(f), None)
-            if header is not None and header != COLUMNS:
-                raise UsageError(f"{self.csv_path} has other columns than this version writes")
-        return True
+        return check_folder(self.folder, self.meta_path, CsvLog(self.csv_path, COLUMNS),
+                            runs={META}, key="matrix", value=matrix,
+                            other="a run of a different matrix")
 
     # -- results -------------------------------------------------------------------------
     def done_ids(self) -> set[str]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.errors import UsageError
-from harness.files import META, MODEL_META, TRAIN_COLUMNS, TRAIN_CSV, TRAIN_META, CsvLog, write_json
+from harness.files import (META, MODEL_META, TRAIN_COLUMNS, TRAIN_CSV, TRAIN_META, CsvLog,
+                           check_folder, write_json)
 
 
 class TrainStore:
@@ -28,34 +28,9 @@ class TrainStore:
     def check(self, matrix: dict) -> bool:
         """UsageError unless the folder is absent, empty, another attnbench run without a
         sweep, or a sweep of this matrix; True when there is a sweep to resume."""
-        if not self.folder.exists():
-            return False
-        if not self.folder.is_dir():
-            raise UsageError(f"{self.folder} exists and is not a folder")
-        entries = {p.name for p in self.folder.iterdir()}
-        if not entries:
-            return False
-        if not ({META, MODEL_META, TRAIN_META} & entries):
-            raise UsageError(f"{self.folder} exists and is not an attnbench run (no {META}, "
-                             f"{MODEL_META} or {TRAIN_META}); choose another --run-id or "
-                             "--results-dir")
-        if not self.meta_path.is_file():
-            if self.csv_path.exists():
-                raise UsageError(f"{self.csv_path} exists without {TRAIN_META}; not resuming "
-                                 "(choose another --run-id)")
-            return False
-        try:
-            old = json.loads(self.meta_path.read_text())
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{self.meta_path} is not valid JSON ({e}); not resuming") from None
-        if old.get("matrix") != matrix:
-            raise UsageError(f"{self.folder} holds a training sweep of a different matrix; "
-                             "resuming needs the same preset/config and flags (or choose "
-                             "another --run-id)")
-        header = CsvLog(self.csv_path, TRAIN_COLUMNS).header()
-        if header is not None and header != TRAIN_COLUMNS:
-            raise UsageError(f"{self.csv_path} has other columns than this version writes")
-        return True
+        return check_folder(self.folder, self.meta_path, CsvLog(self.csv_path, TRAIN_COLUMNS),
+                            runs={META, MODEL_META, TRAIN_META}, key="matrix", value=matrix,
+                            other="a training sweep of a different matrix")
 
     def done_ids(self) -> set[str]:
         """Configuration ids already in the file, after cutting off a partial last line."""
