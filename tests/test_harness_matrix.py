@@ -74,7 +74,7 @@ PRESETS = sorted(p.stem for p in mx.PRESET_DIR.glob("*.toml") if not p.stem.star
 
 
 def test_every_preset_is_tested():
-    assert {"quick", "cpu", "gpu", "gpu-smoke", "scaling"} <= set(PRESETS)
+    assert {"quick", "cpu", "gpu", "gpu-smoke", "scaling", "drift"} <= set(PRESETS)
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -1,6 +1,6 @@
 """Repeatability: how far a case's time moves between minutes, with and without rounds.
 
-    python -m harness.measure.repeatability            # 6 variants x 2 passes at N=4096, H=4
+    python -m harness.measure.repeatability            # the `drift` preset's dozen, N=4096
     python -m harness.measure.repeatability --rounds 5 --seq-len 2048 --keep results/rep
 
 The same dozen cases are run three times through the real runner, one run after the
@@ -29,10 +29,8 @@ from harness.measure import matrix as mx
 from harness.measure import runner
 from harness.measure.store import RunStore
 
-MATRIX = {"variants": ["sdpa", "sliding_window", "block_sparse", "nystrom", "linear",
-                       "performer"],
-          "seq_lens": [4096], "heads": 4, "passes": ["forward", "forward_backward"],
-          "min_run_time_s": 0.2, "min_repeats": 3}
+# The dozen: the `drift` preset (its own rounds aside: each run here sets them).
+MATRIX = {k: v for k, v in mx.read_toml("drift").items() if k != "rounds"}
 
 
 def _run(folder: Path, table: dict) -> tuple[dict[str, dict], list[dict]]:
