@@ -146,7 +146,8 @@ def test_each_device_and_dtype_gets_its_own_matmul_rate(monkeypatch):
     measured = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(store, "matmul_gflops",
-                        lambda device, dtype, threads, n=None: measured.append((device, dtype))
+                        lambda device, dtype, threads, n=None, min_run_time=0.5:
+                        measured.append((device, dtype))
                         or 1000.0)
     base = _case(64)
     cases = [dataclasses.replace(base, device=d, dtype=t)
