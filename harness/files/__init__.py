@@ -1,8 +1,9 @@
 """What a run folder holds: file names, columns, and how rows and JSON are written.
 
-The bottom of harness: it imports nothing from harness but harness.errors, and every subsystem that writes or
-reads a run folder (measure, drift, cluster, report) takes the names and the writers from
-here, so a writer and the report never disagree about a column.
+The bottom of harness: it imports nothing from harness but harness.errors, and every
+subsystem that writes or reads a run folder (measure, drift, cluster, report) takes the
+names, the writers and the resume check from here, so a writer and the report never
+disagree about a column.
 """
 
 from harness.files.columns import (EXACT_PATHS, MAPS, META, MODEL_COLUMNS, MODEL_CSV, MODEL_META,

@@ -231,9 +231,13 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     # the start, before each later round and at the end (the machine's speed drifts
     # between minutes); `matmul_gflops` is the median of those samples.
     samples = meta.setdefault("matmul_samples", [])
-    samples.append({"at": "start", "rates": matmul_rates(cases, threads, None if samples else {
-        "cpu float32": meta["matmul_fp32_gflops"]})})
-    meta["matmul_gflops"] = median_rates(samples)
+
+    def sample_matmul(at: str, known: dict | None = None, min_run_time: float = 0.2) -> None:
+        samples.append({"at": at, "rates": matmul_rates(cases, threads, known, min_run_time)})
+        meta["matmul_gflops"] = median_rates(samples)
+
+    # A first session's start reuses the fp32 rate just measured.
+    sample_matmul("start", None if samples else {"cpu float32": meta["matmul_fp32_gflops"]}, 0.5)
     meta.setdefault("started", now())
     meta.setdefault("sessions", []).append({"started": now(), "ended": None})
     meta.update({"matrix": matrix, "cases": len(cases), "ended": None})
@@ -245,8 +249,7 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
 
     def between_rounds(r: int) -> None:
         meta["busy"].append(busy_sample(r))
-        samples.append({"at": f"before round {r}", "rates": matmul_rates(cases, threads, None, 0.2)})
-        meta["matmul_gflops"] = median_rates(samples)
+        sample_matmul(f"before round {r}")
         store.write_meta(meta)
 
     try:
@@ -255,8 +258,7 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
         bar.close()
         if any(c.rounds > 1 for c in cases):  # rows came as last rounds ended: matrix order
             store.reorder([c.case_id for c in cases])
-        samples.append({"at": "end", "rates": matmul_rates(cases, threads, None, 0.2)})
-        meta["matmul_gflops"] = median_rates(samples)
+        sample_matmul("end")
         meta["sessions"][-1]["ended"] = meta["ended"] = now()
         meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         store.write_meta(meta)
