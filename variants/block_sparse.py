@@ -17,11 +17,13 @@ level (blocks above the diagonal contribute nothing; the diagonal block is maske
 N not a multiple of block_size: q, k, v are zero-padded to nb * block_size; padded keys
 are masked out of every softmax (no key is dropped) and padded query rows are discarded.
 
-Computation, one query block row at a time (each step stays cache-sized): block row i
-gathers exactly its layout row's key and value blocks (K_i of them; causal: those with
-j <= i; a global row: all of them, as a view, not a copy) and computes scores
-(B, H, b, K_i b), softmax and the value matmul. Time and memory are proportional to the
-layout's nonzero blocks, forward and backward; never an N x N matrix.
+Computation in steps (`BlockSparse._plan`): each query block row i gathers exactly its
+layout row's key and value blocks (K_i of them; causal: those with j <= i, so the blocks
+the causal mask empties are never computed; a global row: all of them, as a view, not a
+copy); rows of equal K_i are taken together, a few at a time, so that one batched matmul
+computes a step's scores (B, H, R, b, K_i b), cache-sized, then softmax and the value
+matmul. Time and memory are proportional to the layout's nonzero blocks, forward and
+backward; never an N x N matrix.
 
 Backward (`_BlockRows`, FlashAttention's recomputation: Dao et al. 2022,
 https://arxiv.org/abs/2205.14135, Algorithm 4 without tiling): the forward saves only q,

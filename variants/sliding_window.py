@@ -4,11 +4,18 @@ Longformer's local attention (Beltagy et al. 2020, https://arxiv.org/abs/2004.05
 its global tokens: query i sees key j iff i - window <= j <= i + window (causal: and j <= i).
 
 Blocked scheme: queries are split into chunks of c rows; chunk [s, s + c) scores the
-contiguous key span [s - w, s + c + w) (causal: [s - w, s + c)), taken as an `unfold` view
-of the zero-padded keys, and the band is masked inside that small (c, L) block. Scores,
-softmax and the value matmul all live in (B, H, N / c, c, L) tensors with L = c + 2w (causal
-c + w), so time and memory, forward and (plain autograd) backward, are O(N (c + 2w) D):
-never an N x N matrix.
+contiguous key span [s - w, s + c + w) (causal: [s - w, s + c)), rows of the zero-padded
+keys taken as a view, and the band is masked inside that small (c, L) block, L = c + 2w
+(causal c + w). One chunk is one batched matmul over B H for the scores and one for the
+values, the (B, H, c, L) scores cache-sized; time and memory, forward and backward, are
+O(N (c + 2w) D): never an N x N matrix.
+
+Backward (`_BandRows`, FlashAttention's recomputation: Dao et al. 2022,
+https://arxiv.org/abs/2205.14135, Algorithm 4 without tiling): the forward saves q (scaled,
+padded), the padded k and v, the output and one log-sum-exp per query; the backward
+recomputes each chunk's probabilities and adds its span's key and value gradients into
+the padded gradients. Plain autograd kept every chunk's probabilities and a copy of the
+overlapping key and value spans.
 """
 
 from __future__ import annotations
