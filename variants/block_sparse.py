@@ -161,9 +161,10 @@ class BlockSparse(Variant):
         rows: the step's R query blocks, a slice when consecutive, else a long tensor; cols:
         their key-block columns, a long tensor (R K,) row after row, or a slice (0, K) for a
         row of all of them (a global row; causal: a row of every block up to it), which
-        serves as a view, not a copy; drop: None or a bool mask over the step's scores,
-        (b, K b) or (R, b, K b), of padded keys (token >= N) and, causal, keys after the
-        query. Rows are taken in order of width, R <= _STEP_ROWS of them at a time so that a
+        serves as a view, not a copy; drop: None or (a, mask), the bool mask over the
+        step's score columns a.. (b, K b - a) or (R, b, K b - a), of padded keys (token
+        >= N) and, causal, keys after the query: a row's columns ascend, so both are in its
+        last block, and only that tail is masked. Rows are taken in order of width, R <= _STEP_ROWS of them at a time so that a
         step's (B, H, R, b, K b) scores stay near _STEP_BYTES; the causal mask empties every block
         above the diagonal, and those are never in a row's columns.
         """
@@ -214,12 +215,20 @@ def _step(step: list[int], rows: list[torch.Tensor], K: int, full: bool, b: int,
         qtok = (torch.tensor(step)[:, None] * b + torch.arange(b)).view(R, b, 1)
         drop = drop | (tok > qtok)
     if not bool(drop.any()):
-        drop = None
-    elif bool((drop == drop[:1]).all()):
-        drop = drop[0].to(device)  # (b, K b), the same for every row of the step
-    else:
-        drop = drop.to(device)
+        return sel, slice(0, K) if full else cols.to(device), K, None
+    a = int(drop.any(dim=1).any(dim=0).nonzero()[0])  # the first column with a masked key
+    drop = drop[:, :, a:]
+    if bool((drop == drop[:1]).all()):
+        drop = drop[:1]  # the same for every row of the step
+    drop = (a, drop.contiguous().to(device))
     return sel, slice(0, K) if full else cols.to(device), K, drop
+
+
+def _mask(s: torch.Tensor, drop) -> None:
+    """-inf into the scores s (B, H, R, b, K b) where a plan step's drop says."""
+    if drop is not None:
+        a, m = drop
+        s[..., a:].masked_fill_(m, float("-inf"))
 
 
 class SameLayout:
@@ -268,7 +277,8 @@ class _BlockRows(torch.autograd.Function):
         qp = q.new_zeros(B, H, nb * b, D) if pad else q.new_empty(B, H, N, D)
         torch.mul(q, softmax_scale(D), out=qp[:, :, :N])
         qp = qp.view(B, H, nb, b, D)
-        kp, vp = (F.pad(t, (0, 0, 0, pad)).view(B, H, nb, b, D) for t in (k, v))
+        kp, vp = ((F.pad(t, (0, 0, 0, pad)) if pad or not t.is_contiguous() else t).view(
+            B, H, nb, b, D) for t in (k, v))
         out = q.new_empty(B, H, nb, b, D)
         keep = any(ctx.needs_input_grad[:3])  # else nothing is saved: no log-sum-exp needed
         if keep:
@@ -278,8 +288,7 @@ class _BlockRows(torch.autograd.Function):
             qr = _take(qp, rows)  # (B, H, R, b, D)
             R = qr.shape[2]
             s = qr @ _gather(kp, cols, R, K).transpose(-1, -2)  # (B, H, R, b, K b)
-            if drop is not None:
-                s.masked_fill_(drop, float("-inf"))
+            _mask(s, drop)
             if keep:
                 p, lse_r = softmax_logsumexp(s)
                 _put(lse, rows, lse_r)
@@ -305,8 +314,7 @@ class _BlockRows(torch.autograd.Function):
             R = qr.shape[2]
             kr, vr = _gather(kp, cols, R, K), _gather(vp, cols, R, K)  # (B, H, R, K b, D)
             s = qr @ kr.transpose(-1, -2)  # (B, H, R, b, K b)
-            if drop is not None:
-                s.masked_fill_(drop, float("-inf"))
+            _mask(s, drop)
             p = s.sub_(_take(lse, rows)).exp_()  # the forward's probabilities
             dvr = p.transpose(-1, -2) @ do  # (B, H, R, K b, D)
             ds = (do @ vr.transpose(-1, -2)).sub_(_take(delta, rows)).mul_(p)
