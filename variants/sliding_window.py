@@ -173,9 +173,27 @@ class SlidingWindow(Variant):
         if N == 0:
             return q.clone()
         w, c, L = band_span(self.params.window, N, causal)
-        drop = self._masks.get((N, causal, q.device), lambda: band_drop_mask(
-            N, w, c, L, causal).to(q.device))  # (nc, c, L)
+        drop = self._masks.get((N, causal, q.device), lambda: mask_runs(band_drop_mask(
+            N, w, c, L, causal), q.device))
         return _BandRows.apply(q, k, v, w, c, L, causal, drop)[:, :, :N]
+
+
+def mask_runs(drop: torch.Tensor, device) -> list[list[tuple[int, int, torch.Tensor]]]:
+    """Per chunk, its masked span columns as runs (a, z, mask (c, z - a) on device): only
+    the columns with a masked key, so an inner chunk masks its two corners (b < a and
+    b > a + 2w), not its whole (c, L) block."""
+    runs = []
+    for d in drop:  # (c, L)
+        cols = d.any(dim=0).tolist()
+        chunk, a = [], None
+        for j, m in enumerate(cols + [False]):
+            if m and a is None:
+                a = j
+            elif not m and a is not None:
+                chunk.append((a, j, d[:, a:j].contiguous().to(device)))
+                a = None
+        runs.append(chunk)
+    return runs
 
 
 class _BandRows(torch.autograd.Function):
@@ -208,7 +226,8 @@ class _BandRows(torch.autograd.Function):
         for t in range(nc):
             rows, span = slice(t * c, (t + 1) * c), slice(t * c, t * c + L)
             s = qc[:, :, rows] @ kp[:, :, span].transpose(-1, -2)  # (B, H, c, L)
-            s.masked_fill_(drop[t], float("-inf"))
+            for a, z, m in drop[t]:
+                s[..., a:z].masked_fill_(m, float("-inf"))
             if keep:
                 p, lse[:, :, rows] = softmax_logsumexp(s)
             else:
@@ -235,7 +254,8 @@ class _BandRows(torch.autograd.Function):
             qt, do = qc[:, :, rows], dout[:, :, rows]  # (B, H, c, D)
             ks, vs = kp[:, :, span], vp[:, :, span]  # (B, H, L, D)
             s = qt @ ks.transpose(-1, -2)  # (B, H, c, L)
-            s.masked_fill_(drop[t], float("-inf"))
+            for a, z, m in drop[t]:
+                s[..., a:z].masked_fill_(m, float("-inf"))
             p = s.sub_(lse[:, :, rows]).exp_()  # the forward's probabilities
             dv[:, :, span] += p.transpose(-1, -2) @ do
             ds = (do @ vs.transpose(-1, -2)).sub_(delta[:, :, rows]).mul_(p)
