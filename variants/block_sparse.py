@@ -163,10 +163,11 @@ class BlockSparse(Variant):
         row of all of them (a global row; causal: a row of every block up to it), which
         serves as a view, not a copy; drop: None or (a, mask), the bool mask over the
         step's score columns a.. (b, K b - a) or (R, b, K b - a), of padded keys (token
-        >= N) and, causal, keys after the query: a row's columns ascend, so both are in its
-        last block, and only that tail is masked. Rows are taken in order of width, R <= _STEP_ROWS of them at a time so that a
-        step's (B, H, R, b, K b) scores stay near _STEP_BYTES; the causal mask empties every block
-        above the diagonal, and those are never in a row's columns.
+        >= N) and, causal, keys after the query: a row's columns ascend, so both are in
+        its last block, and only that tail is masked. Rows are taken in order of width,
+        R <= _STEP_ROWS of them at a time so that a step's (B, H, R, b, K b) scores stay
+        near _STEP_BYTES; the causal mask empties every block above the diagonal, and
+        those are never in a row's columns.
         """
         b = self.params.block_size
         R_bytes = BH * b * b * element_size  # one row's scores per key block
@@ -328,7 +329,8 @@ class _BlockRows(torch.autograd.Function):
                 dv.index_add_(2, cols, dvr.view(B, H, R * K, b, D))
         N = ctx.N
         dq = dq.view(B, H, nb * b, D)[:, :, :N].mul_(softmax_scale(D))
-        return dq, dk.view(B, H, nb * b, D)[:, :, :N], dv.view(B, H, nb * b, D)[:, :, :N], None, None
+        dk, dv = (t.view(B, H, nb * b, D)[:, :, :N] for t in (dk, dv))
+        return dq, dk, dv, None, None
 
 
 def _put(x: torch.Tensor, sel, value: torch.Tensor) -> None:
