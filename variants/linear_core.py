@@ -1,21 +1,21 @@
 """Kernelised attention cores of the linear family, (B, H, N, D) -> same: given feature maps
 phi, o_i = sum_j a_ij v_j / (sum_j a_ij + eps) with a_ij = phi(q_i).phi(k_j) >= 0.
 
-Used by `linear.py` (elu+1 and FAVOR+ features).
+Used by `linear.py` (elu+1 and FAVOR+ features, each a `FeatureMap` that also gives its
+derivatives).
 
 Non-causal: by associativity, [S | z] = phi(K)^T [V | 1] (M x (D + 1), one matmul) first,
 O(N M D), in blocks of keys, then the queries in blocks (`kernel_attention`). A block is
 sized so that its (B, H, rows, M) features are ~2 MiB (`block_rows`), so they stay in
-cache; whole-sequence features cost a fresh, page-faulted allocation per call. Without
-autograd the blocks write into preallocated buffers instead of concatenating (measured
-once here, paired and interleaved at N = 16384, H = 8: 15% faster for performer, 29% for
-linear). Per-variant times: `python run_bench.py run --preset scaling`.
+cache; whole-sequence features cost a fresh, page-faulted allocation per call. The blocks
+write into preallocated buffers, and the backward is written out (`_KernelAttention`):
+autograd through the blocks kept every block's intermediates and concatenated them.
 
 Causal: chunked prefix sums (`causal_linear_attention`, shared by both variants): within
 a chunk of C positions the masked C x C quadratic form; across chunks the running state
-S = sum phi(k) v^T and z = sum phi(k), one (M, D) state per chunk, so memory is
-O(N (M + C) + N M D / C) per head, never N x N nor N x M x D. Autograd backprops through
-it with the same complexity (the prefix sum over chunks is a small autograd.Function).
+S = sum phi(k) v^T and z = sum phi(k), one (M, D + 1) state per chunk, so memory is
+O(N (M + C) + N M D / C) per head, never N x N nor N x M x D. Its backward is written
+out too (`_CausalKernelAttention`), with the same complexity.
 """
 
 from __future__ import annotations
@@ -391,31 +391,16 @@ def lagged_kernel_flops(N: int, M: int, E: int, chunk: int) -> int:
 
 
 class _ExclusivePrefixSum(torch.autograd.Function):
-    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, :c]; out[:, :, 0] = 0.
-
-    torch.cumsum along a middle dimension runs strided, ~6x slower than one elementwise
-    pass over the tensor on this CPU; a loop of n contiguous adds is one pass, forward and
-    backward (the backward is the reverse scan), and allocates no padded copy.
-    """
+    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, :c]; out[:, :, 0] = 0, by
+    `_exclusive_scan`; the backward is the reverse scan (x[c] reaches out[c + 1:])."""
 
     @staticmethod
     def forward(ctx, x):
-        out = torch.empty_like(x)
-        out[:, :, 0].zero_()
-        for c in range(x.shape[2] - 1):
-            torch.add(out[:, :, c], x[:, :, c], out=out[:, :, c + 1])
-        return out
+        return _exclusive_scan(x)
 
     @staticmethod
     def backward(ctx, g):
-        # x[c] reaches out[c+1:], so gx[c] = sum of g[c+1:], a reverse scan.
-        g = g.contiguous()
-        gx = torch.empty_like(g)
-        n = g.shape[2]
-        gx[:, :, n - 1].zero_()
-        for c in range(n - 2, -1, -1):
-            torch.add(gx[:, :, c + 1], g[:, :, c + 1], out=gx[:, :, c])
-        return gx
+        return _exclusive_scan(g.contiguous(), reverse=True)
 
 
 def chunked_flops(N: int, M: int, D: int, chunk: int) -> int:
@@ -447,26 +432,13 @@ def core_flops(N: int, M: int, D: int, causal: bool, chunk: int) -> int:
 
 
 class _ExclusiveSuffixSum(torch.autograd.Function):
-    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, c + 1:]; out[:, :, n - 1] = 0.
-
-    `_ExclusivePrefixSum` run from the other end (the same one-pass loop; backward the
-    forward scan)."""
+    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, c + 1:]; out[:, :, n - 1] = 0;
+    the backward is the forward scan (x[c] reaches out[:c])."""
 
     @staticmethod
     def forward(ctx, x):
-        out = torch.empty_like(x)
-        n = x.shape[2]
-        out[:, :, n - 1].zero_()
-        for c in range(n - 2, -1, -1):
-            torch.add(out[:, :, c + 1], x[:, :, c + 1], out=out[:, :, c])
-        return out
+        return _exclusive_scan(x, reverse=True)
 
     @staticmethod
     def backward(ctx, g):
-        # x[c] reaches out[:c], so gx[c] = sum of g[:c], a forward scan.
-        g = g.contiguous()
-        gx = torch.empty_like(g)
-        gx[:, :, 0].zero_()
-        for c in range(g.shape[2] - 1):
-            torch.add(gx[:, :, c], g[:, :, c], out=gx[:, :, c + 1])
-        return gx
+        return _exclusive_scan(g.contiguous())
