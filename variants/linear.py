@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from .base import Variant, param, softmax_logsumexp
 from .linear_core import (FeatureMap, block_rows, causal_linear_attention, core_flops,
-                          kernel_attention, kernel_weights)
+                          kernel_attention, kernel_weights, sequence_features)
 from .registry import register
 
 # Chunk length of the causal scheme. Per row the intra-chunk form costs 2 C (M + D) FLOPs
@@ -95,10 +95,10 @@ class EluFeatures(FeatureMap):
         return self.query(x), None
 
     def query_grad(self, x, f, df):
-        return df.mul_(f.clamp(max=1))
+        return f.clamp(max=1).mul_(df)
 
     def key_grad(self, x, f, wk, t):
-        return t.mul_(f.clamp(max=1))
+        return f.clamp(max=1).mul_(t)
 
 
 class FavorFeatures(FeatureMap):
@@ -131,11 +131,11 @@ class FavorFeatures(FeatureMap):
         return p, lse - x.square().sum(dim=-1, keepdim=True) * (self.s2 / 2) - self.half_log_m
 
     def query_grad(self, x, f, df):
-        du = df.sub_(torch.linalg.vecdot(df, f).unsqueeze(-1)).mul_(f)
+        du = (df - torch.linalg.vecdot(df, f).unsqueeze(-1)).mul_(f)
         return du @ self.w_t.T
 
     def key_grad(self, x, f, wk, t):
-        du = t.mul_(f).mul_(wk)  # (B, H, r, m)
+        du = t * f if wk is None else (t * f).mul_(wk)  # (B, H, r, m)
         return (du @ self.w_t.T).sub_(x * (self.s2 * du.sum(dim=-1, keepdim=True)))
 
 
@@ -264,9 +264,9 @@ class Performer(Variant):
     def feature_maps(self, q, k):
         """phi(q), phi(k) (B, H, N, m) in the compute dtype: phi(q) up to a factor per row,
         phi(k) up to one factor per (batch, head) (both cancel)."""
-        phi_q, phi_k = self.feature_fns(q.shape[-1], q.dtype, q.device)
-        p, logw = phi_k(k)
-        return phi_q(q), p * torch.exp(logw - logw.detach().amax(dim=-2, keepdim=True))
+        dt = _compute_dtype(q.dtype)
+        return sequence_features(q.to(dt), k.to(dt), self.feature_map(q.shape[-1], q.dtype,
+                                                                      q.device))
 
     def attend(self, q, k, v, causal):
         eps = torch.finfo(_compute_dtype(q.dtype)).tiny

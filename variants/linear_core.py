@@ -48,7 +48,7 @@ class FeatureMap:
     key(x) -> (f, logw): key features f * exp(logw), logw (B, H, r, 1) or None for f alone.
     query_grad(x, f, df) -> dx: the gradient of x given df = dL/df.
     key_grad(x, f, wk, t) -> dx: the gradient of x given t = dL/d(f wk) (wk = exp(logw -
-    shift), or None); may overwrite t.
+    shift), or None). Neither gradient method writes into its arguments.
     `save`: whether the cores keep the features for backward (True where recomputing them
     costs matmuls) or recompute them block by block.
     """
@@ -66,6 +66,43 @@ class FeatureMap:
 
     def key_grad(self, x, f, wk, t):
         raise NotImplementedError
+
+
+def sequence_features(q: torch.Tensor, k: torch.Tensor, fmap: FeatureMap):
+    """Whole-sequence features (phi(q), phi(k)), each (B, H, N, M): phi(q) up to a factor per
+    row, phi(k) up to one factor per (batch, head) (the key weights exp(logw) taken relative
+    to their largest); both factors cancel. Under autograd the backward is `fmap`'s
+    (`_SequenceFeatures`), keeping the inputs and the two feature tensors."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return _SequenceFeatures.apply(q, k, fmap)
+    return _sequence_features(q, k, fmap)
+
+
+def _sequence_features(q, k, fmap):
+    fq = fmap.query(q)
+    fk, logw = fmap.key(k)
+    if logw is not None:
+        fk = fk.mul_(torch.exp(logw - logw.amax(dim=-2, keepdim=True)))
+    return fq, fk
+
+
+class _SequenceFeatures(torch.autograd.Function):
+    """`sequence_features` with the feature map's own derivatives (the key shift is a
+    constant, as the stabilisers are everywhere here)."""
+
+    @staticmethod
+    def forward(ctx, q, k, fmap):
+        fq, fk = _sequence_features(q, k, fmap)
+        ctx.fmap = fmap
+        ctx.save_for_backward(q, k, fq, fk)
+        return fq, fk
+
+    @staticmethod
+    def backward(ctx, dfq, dfk):
+        q, k, fq, fk = ctx.saved_tensors
+        dq = None if dfq is None else ctx.fmap.query_grad(q, fq, dfq)
+        dk = None if dfk is None else ctx.fmap.key_grad(k, fk, None, dfk)
+        return dq, dk, None
 
 
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmap: FeatureMap,
