@@ -85,11 +85,15 @@ class _SoftmaxLogSumExp(torch.autograd.Function):
 class EluFeatures(FeatureMap):
     """phi(x) = elu(x) + 1, and its derivative from its value: 1 where x > 0 (phi > 1),
     exp(x) = phi elsewhere, so phi' = min(phi, 1). Features are cheap here: recomputed in
-    the backward pass rather than kept."""
+    the backward pass rather than kept.
+
+    Computed as exp(min(x, 0)) + max(x, 0), in place: on this CPU torch's elu ran at about
+    half the rate of that (one-thread microbenchmark, 2^19 elements: 1.1 vs 0.64 ms). No
+    autograd through it (the in-place exp's result is changed): the cores call it without.
+    """
 
     def query(self, x):
-        # add_ in place: elu saves its input, not its output, for backward.
-        return F.elu(x).add_(1)
+        return x.clamp(max=0).exp_().add_(x.clamp(min=0))
 
     def key(self, x):
         return self.query(x), None
@@ -152,14 +156,10 @@ class Linear(Variant):
     Params = LinearParams
     paper = "https://arxiv.org/abs/2006.16236"
 
-    @staticmethod
-    def phi(x: torch.Tensor) -> torch.Tensor:
-        """elu(x) + 1 in the compute dtype; (B, H, N, D) -> same."""
-        return EluFeatures().query(x.to(_compute_dtype(x.dtype)))
-
     def feature_maps(self, q, k):
-        """phi(q), phi(k), each (B, H, N, D)."""
-        return self.phi(q), self.phi(k)
+        """phi(q), phi(k), each (B, H, N, D), elu(x) + 1 in the compute dtype."""
+        dt = _compute_dtype(q.dtype)
+        return sequence_features(q.to(dt), k.to(dt), EluFeatures())
 
     def attend(self, q, k, v, causal):
         eps = self.params.eps
