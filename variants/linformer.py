@@ -55,7 +55,7 @@ def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
 
 
 # Bytes of one block of scores in `softmax_attention`.
-_BLOCK_BYTES = 8 << 20
+_BLOCK_BYTES = 2 << 20
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
