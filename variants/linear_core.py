@@ -79,11 +79,31 @@ def sequence_features(q: torch.Tensor, k: torch.Tensor, fmap: FeatureMap):
 
 
 def _sequence_features(q, k, fmap):
-    fq = fmap.query(q)
-    fk, logw = fmap.key(k)
+    # Block by block (`block_rows`), each written once into the whole tensor: the feature
+    # maps' several elementwise passes stay in cache.
+    B, H, N, _ = q.shape
+    fq = fk = logw = None
+    for i, qb, kb in _row_blocks(q, k):
+        fqb = fmap.query(qb)
+        fkb, lwb = fmap.key(kb)
+        if fq is None:
+            M = fqb.shape[-1]
+            fq, fk = fqb.new_empty(B, H, N, M), fkb.new_empty(B, H, N, M)
+            logw = None if lwb is None else fkb.new_empty(B, H, N, 1)
+        r = slice(i, i + qb.shape[2])
+        fq[:, :, r], fk[:, :, r] = fqb, fkb
+        if lwb is not None:
+            logw[:, :, r] = lwb
     if logw is not None:
-        fk = fk.mul_(torch.exp(logw - logw.amax(dim=-2, keepdim=True)))
+        fk.mul_(torch.exp(logw - logw.amax(dim=-2, keepdim=True)))
     return fq, fk
+
+
+def _row_blocks(q, k):
+    """(start, q block, k block): blocks sized as for 4 D features (FAVOR+'s default m)."""
+    B, H, N, D = q.shape
+    rows = block_rows(B, H, 4 * D)
+    return zip(range(0, N, rows), q.split(rows, dim=2), k.split(rows, dim=2))
 
 
 class _SequenceFeatures(torch.autograd.Function):
