@@ -17,6 +17,9 @@ Two untrained projections (a variant is a pure q, k, v -> o map, so nothing is l
   segment is one token and this is exactly softmax attention. Computed by segment means
   (reshapes), without a dense k x N matrix.
 
+The N x k scores are made in cache-sized blocks of heads and query rows, with a
+written-out backward that keeps the weights (`softmax_attention`, shared with nystrom).
+
 Non-causal only: each projected key mixes positions from the whole sequence, future included.
 """
 

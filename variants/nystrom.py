@@ -7,7 +7,10 @@ contiguous segments of q and k):
     F = softmax(q k~^T / sqrt D)   (N x m)      A = softmax(q~ k~^T / sqrt D)   (m x m)
     B = softmax(q~ k^T / sqrt D)   (m x N)      o = F (A^+ (B v))
 
-B v is formed first, so the largest intermediates are N x m: O(N m) time and memory.
+B v is formed first, so the largest intermediates are N x m: O(N m) time and memory. F (.)
+and B v are each a softmax over a short side (m landmarks, m rows), made in cache-sized
+blocks with a written-out backward (`linformer.softmax_attention`); the m x m part
+(A, its pseudo-inverse) goes through autograd.
 
 A^+ follows the paper's iterative Moore-Penrose approximation (after Razavi et al. 2014):
 Z0 = A^T / (||A||_1 ||A||_inf), Z <- Z/4 (13 I - A Z (15 I - A Z (7 I - A Z))). The norms are
