@@ -364,17 +364,25 @@ class _CausalKernelAttention(torch.autograd.Function):
         torch.div(g.reshape(B, H, n, C, D), den, out=gn)
         torch.linalg.vecdot(gn, o.reshape(B, H, n, C, D), out=gU[..., D])
         gd = gU[..., D:].neg_()  # (B, H, n, C, 1)
-        dA = torch.baddbmm(gd.expand(B, H, n, C, C).reshape(-1, C, C), gn.reshape(-1, C, D),
-                           v.reshape(-1, C, D).transpose(-1, -2))
-        dA = dA.view(B, H, n, C, C).tril_()
-        dfq = dA @ fk  # (B, H, n, C, M)
-        dfk = dA.transpose(-1, -2) @ fq
-        dv = a.transpose(-1, -2) @ gn  # (B, H, n, C, D)
+        # 3-d views (batch = B H n chunks) so that the products accumulate in place
+        # (baddbmm_), without a temporary each; freed as soon as used: peak memory.
+        fq3, fk3, v3 = fq.reshape(-1, C, M), fk.reshape(-1, C, M), v.reshape(-1, C, D)
+        gU3 = gU.view(-1, C, D + 1)
+        gn3 = gU3[..., :D]
+        dA = torch.bmm(gn3, v3.transpose(-1, -2)).add_(gU3[..., D:]).tril_()  # (B H n, C, C)
+        dfq = torch.bmm(dA, fk3)  # (B H n, C, M)
+        dfk = torch.bmm(dA.transpose(-1, -2), fq3)
+        del dA
+        dv = torch.bmm(a.view(-1, C, C).transpose(-1, -2), gn3)  # (B H n, C, D)
         if st:
-            dfq.add_(gU @ st[0].transpose(-1, -2))
-            dst = _exclusive_scan(fq.transpose(-1, -2) @ gU, reverse=True)  # (B, H, n, M, D + 1)
-            dfk.add_(v @ dst[..., :D].transpose(-1, -2)).add_(dst[..., D].unsqueeze(-2))
-            dv.add_(fk @ dst[..., :D])
+            st3 = st[0].view(-1, M, D + 1)
+            dfq.baddbmm_(gU3, st3.transpose(-1, -2))
+            dst = torch.bmm(fq3.transpose(-1, -2), gU3).view(B, H, n, M, D + 1)
+            del gU, gU3, gn3, gn, gd
+            dst = _exclusive_scan(dst, reverse=True).view(-1, M, D + 1)  # (B H n, M, D + 1)
+            dfk.baddbmm_(v3, dst[..., :D].transpose(-1, -2))
+            dfk.view(B, H, n, C, M).add_(dst.view(B, H, n, M, D + 1)[..., D].unsqueeze(-2))
+            dv.baddbmm_(fk3, dst[..., :D])
         return (dfq.reshape(B, H, P, M), dfk.reshape(B, H, P, M), dv.reshape(B, H, P, D),
                 None, None)
 
