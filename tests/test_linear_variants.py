@@ -275,11 +275,11 @@ def test_blocked_non_causal_path_is_independent_of_the_block_size(scale):
     output and gradients of one block of all 150 rows."""
     q, k, v = qkv(N=150, seed=5, scale=scale, requires_grad=True)
     m = variants.build("performer", num_features=40)
-    phi_q, phi_k = m.feature_fns(16, q.dtype, q.device)
+    fmap = m.feature_map(16, q.dtype, q.device)
     g_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2), dtype=q.dtype)
     grads = []
     for rows in (37, 150):
-        o = kernel_attention(q, k, v, phi_q, phi_k, 0.0, rows=rows)
+        o = kernel_attention(q, k, v, fmap, 0.0, rows=rows)
         grads.append((o.detach(), *torch.autograd.grad(o, (q, k, v), g_out)))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

@@ -242,3 +242,55 @@ def test_no_n_by_n_tensor_saved_for_backward(name, params):
         o = m(q, k, v)
     o.sum().backward()
     assert saved and max(saved) < N * N, max(saved)
+
+
+# -- the hand-written backward passes --------------------------------------------------------
+
+@pytest.mark.parametrize("Nq,Nk,budget", [(100, 7, 1 << 20), (100, 7, 64 * 7 * 8), (5, 300, 8)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_softmax_attention_forward_and_backward_match_plain_autograd(Nq, Nk, budget, bias):
+    """Blocks of one head and a few rows (tiny budgets), or all heads and rows at once."""
+    from variants.linformer import softmax_attention
+    g = torch.Generator().manual_seed(Nq + Nk)
+    q = torch.randn(2, 3, Nq, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, Nk, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 3, Nk, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(Nk, generator=g, dtype=torch.float64) if bias else None
+    g_out = torch.randn(2, 3, Nq, 5, generator=g, dtype=torch.float64)
+    o = softmax_attention(q, k, v, b, budget=budget)
+    s = q @ k.mT + (0 if b is None else b)
+    ref = torch.softmax(s, dim=-1) @ v
+    torch.testing.assert_close(o, ref, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(o, (q, k, v), g_out)
+    for a, r in zip(grads, torch.autograd.grad(ref, (q, k, v), g_out)):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(softmax_attention(q, k, v, b, budget=budget), ref)
+
+
+@pytest.mark.parametrize("name,params", [("linformer", {"k": 7, "projection": "mean_pool"}),
+                                         ("linformer", {"k": 7}),
+                                         ("nystrom", {"num_landmarks": 7})])
+def test_gradients_match_the_dense_construction(name, params):
+    N, D = 100, 8
+    q, k, v = (t.requires_grad_() for t in make_inputs("local", 1, 2, N, D, dtype=torch.float64,
+                                                       seed=6))
+    m = variants.build(name, **params)
+    sm = lambda x: torch.softmax(x / D ** 0.5, dim=-1)  # noqa: E731
+    if name == "nystrom":
+        P = _averaging_matrix(N, 7)
+        ql, kl = P @ q, P @ k
+        want = sm(q @ kl.mT) @ iterative_pinv(sm(ql @ kl.mT), 6) @ sm(ql @ k.mT) @ v
+    elif params.get("projection") == "mean_pool":
+        P = _averaging_matrix(N, 7)
+        offset = torch.tensor(segment_sizes(N, 7), dtype=torch.float64).log()
+        want = torch.softmax(q @ (P @ k).mT / D ** 0.5 + offset, dim=-1) @ (P @ v)
+    else:
+        E, F = m.projections(N, "cpu", torch.float64)
+        want = sm(q @ (E @ k).mT) @ (F @ v)
+    g_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=q.dtype)
+    o = m(q, k, v)
+    torch.testing.assert_close(o, want, rtol=1e-10, atol=1e-12)
+    for a, r in zip(torch.autograd.grad(o, (q, k, v), g_out),
+                    torch.autograd.grad(want, (q, k, v), g_out)):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-11)

@@ -17,11 +17,13 @@ level (blocks above the diagonal contribute nothing; the diagonal block is maske
 N not a multiple of block_size: q, k, v are zero-padded to nb * block_size; padded keys
 are masked out of every softmax (no key is dropped) and padded query rows are discarded.
 
-Computation, one query block row at a time (each step stays cache-sized): block row i
-gathers exactly its layout row's key and value blocks (K_i of them; causal: those with
-j <= i; a global row: all of them, as a view, not a copy) and computes scores
-(B, H, b, K_i b), softmax and the value matmul. Time and memory are proportional to the
-layout's nonzero blocks, forward and backward; never an N x N matrix.
+Computation in steps (`BlockSparse._plan`): each query block row i gathers exactly its
+layout row's key and value blocks (K_i of them; causal: those with j <= i, so the blocks
+the causal mask empties are never computed; a global row: all of them, as a view, not a
+copy); rows of equal K_i are taken together, a few at a time, so that one batched matmul
+computes a step's scores (B, H, R, b, K_i b), cache-sized, then softmax and the value
+matmul. Time and memory are proportional to the layout's nonzero blocks, forward and
+backward; never an N x N matrix.
 
 Backward (`_BlockRows`, FlashAttention's recomputation: Dao et al. 2022,
 https://arxiv.org/abs/2205.14135, Algorithm 4 without tiling): the forward saves only q,
@@ -45,9 +47,14 @@ import torch.nn.functional as F
 from .base import KeyMask, Variant, param, softmax_logsumexp, softmax_scale
 from .registry import register
 
-# (length, causal, device) plans a module keeps; a causal plan holds ~N * 8 blocks of
-# mask bytes.
+# Plans a module keeps (per length, causal, device and B H); a causal plan holds ~N * 8
+# blocks of mask bytes.
 _CACHED_PLANS = 4
+# Bytes of one plan step's (B, H, R, b, K b) scores: cache-sized, and large enough that
+# one batched matmul amortises a step's dozen dispatches.
+_STEP_BYTES = 2 * 2**20
+# At most this many rows a step: by then the dozen dispatches of a step are amortised.
+_STEP_ROWS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,26 +153,43 @@ class BlockSparse(Variant):
         b = self.params.block_size
         return 4 * B * H * nnz * b * b * D
 
-    def _plan(self, N: int, causal: bool, device: torch.device) -> list[tuple]:
-        """Per query block i: (cols, span, drop). cols: its key-block columns (a long tensor
-        on `device`); span: (0, c) when cols is 0..c-1 (a view serves), else None; drop: a
-        bool mask over the row's concatenated keys (1 or b, K_i b) of padded keys
-        (token >= N) and, causal, keys after the query, or None.
+    def _plan(self, N: int, causal: bool, device: torch.device, BH: int,
+              element_size: int) -> list[tuple]:
+        """The layout's query block rows in steps, each one batched matmul over R rows of
+        equal width (K key blocks): a list of (rows, cols, K, drop).
+
+        rows: the step's R query blocks, a slice when consecutive, else a long tensor; cols:
+        their key-block columns, a long tensor (R K,) row after row, or a slice (0, K) for a
+        row of all of them (a global row; causal: a row of every block up to it), which
+        serves as a view, not a copy; drop: None or (a, mask), the bool mask over the
+        step's score columns a.. (b, K b - a) or (R, b, K b - a), of padded keys (token
+        >= N) and, causal, keys after the query: a row's columns ascend, so both are in
+        its last block, and only that tail is masked. Rows are taken in order of width,
+        R <= _STEP_ROWS of them at a time so that a step's (B, H, R, b, K b) scores stay
+        near _STEP_BYTES; the causal mask empties every block above the diagonal, and
+        those are never in a row's columns.
         """
-        key = (N, causal, device)
+        b = self.params.block_size
+        R_bytes = BH * b * b * element_size  # one row's scores per key block
+        key = (N, causal, device, R_bytes)
         if key not in self._plans:
-            b = self.params.block_size
             lay = self._layout(N)
-            plan = []
-            for i in range(lay.shape[0]):
-                row = lay[i, :i + 1] if causal else lay[i]
-                cols = row.nonzero().flatten()
-                span = (0, len(cols)) if bool((cols == torch.arange(len(cols))).all()) else None
-                tok = (cols[:, None] * b + torch.arange(b)).flatten()  # (K_i b,)
-                drop = tok[None, :] >= N  # (1, K_i b)
-                if causal:
-                    drop = drop | (tok[None, :] > (i * b + torch.arange(b))[:, None])  # (b, K_i b)
-                plan.append((cols.to(device), span, drop.to(device) if bool(drop.any()) else None))
+            nb = lay.shape[0]
+            rows = [(lay[i, :i + 1] if causal else lay[i]).nonzero().flatten() for i in range(nb)]
+            full = [bool((c == torch.arange(len(c))).all()) for c in rows]
+            order = sorted(range(nb), key=lambda i: (full[i], len(rows[i]), i))
+            plan, at = [], 0
+            while at < nb:
+                i0 = order[at]
+                K = len(rows[i0])
+                R = 1 if full[i0] else min(_STEP_ROWS, max(1, _STEP_BYTES // (R_bytes * K)))
+                step = [i0]
+                while (len(step) < R and at + len(step) < nb
+                       and not full[order[at + len(step)]]
+                       and len(rows[order[at + len(step)]]) == K):
+                    step.append(order[at + len(step)])
+                at += len(step)
+                plan.append(_step(step, rows, K, full[i0], b, N, causal, device))
             if len(self._plans) >= _CACHED_PLANS:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
@@ -175,14 +199,37 @@ class BlockSparse(Variant):
         B, H, N, D = q.shape
         if N == 0:
             return q.clone()
-        b = self.params.block_size
-        nb = math.ceil(N / b)
-        pad = nb * b - N
-        q = q * softmax_scale(D)  # on q (N D products), not on the scores
-        # Block views (B, H, nb, b, D); zero-padded keys are masked by the plan.
-        qp, kp, vp = (F.pad(t, (0, 0, 0, pad)).view(B, H, nb, b, D) for t in (q, k, v))
-        out = _BlockRows.apply(qp, kp, vp, self._plan(N, causal, q.device))
-        return out[:, :, :N]  # (B, H, N, D)
+        plan = self._plan(N, causal, q.device, B * H, q.element_size())
+        return _BlockRows.apply(q, k, v, self.params.block_size, plan)[:, :, :N]
+
+
+def _step(step: list[int], rows: list[torch.Tensor], K: int, full: bool, b: int, N: int,
+          causal: bool, device: torch.device) -> tuple:
+    """One plan step (rows, cols, K, drop) of query blocks `step`, each of K key blocks."""
+    R = len(step)
+    consecutive = step == list(range(step[0], step[0] + R))
+    sel = slice(step[0], step[0] + R) if consecutive else torch.tensor(step, device=device)
+    cols = torch.cat([rows[i] for i in step])  # (R K,)
+    tok = (cols.view(R, K, 1) * b + torch.arange(b)).view(R, 1, K * b)  # key tokens
+    drop = (tok >= N).expand(R, b, K * b)
+    if causal:
+        qtok = (torch.tensor(step)[:, None] * b + torch.arange(b)).view(R, b, 1)
+        drop = drop | (tok > qtok)
+    if not bool(drop.any()):
+        return sel, slice(0, K) if full else cols.to(device), K, None
+    a = int(drop.any(dim=1).any(dim=0).nonzero()[0])  # the first column with a masked key
+    drop = drop[:, :, a:]
+    if bool((drop == drop[:1]).all()):
+        drop = drop[:1]  # the same for every row of the step
+    drop = (a, drop.contiguous().to(device))
+    return sel, slice(0, K) if full else cols.to(device), K, drop
+
+
+def _mask(s: torch.Tensor, drop) -> None:
+    """-inf into the scores s (B, H, R, b, K b) where a plan step's drop says."""
+    if drop is not None:
+        a, m = drop
+        s[..., a:].masked_fill_(m, float("-inf"))
 
 
 class SameLayout:
@@ -203,38 +250,54 @@ class SameLayout:
         return self._pattern.exact_at(seq_len, causal)
 
 
-def _gather(xp: torch.Tensor, cols: torch.Tensor, span) -> torch.Tensor:
-    """(B, H, nb, b, D) blocks -> the row's key blocks concatenated, (B, H, K b, D)."""
+def _take(x: torch.Tensor, sel) -> torch.Tensor:
+    """x[:, :, sel] for a slice (a view) or a long tensor (a copy)."""
+    return x[:, :, sel] if isinstance(sel, slice) else x.index_select(2, sel)
+
+
+def _gather(xp: torch.Tensor, cols, R: int, K: int) -> torch.Tensor:
+    """(B, H, nb, b, D) blocks -> each of R rows' K blocks concatenated, (B, H, R, K b, D)."""
     B, H, _, b, D = xp.shape
-    part = xp[:, :, span[0]:span[1]] if span is not None else xp.index_select(2, cols)
-    return part.reshape(B, H, -1, D)
+    return _take(xp, cols).reshape(B, H, R, K * b, D)
 
 
 class _BlockRows(torch.autograd.Function):
     """Exact softmax attention of each query block over its plan's key blocks.
 
-    q, k, v: (B, H, nb, b, D) padded block views, q already scaled; returns (B, H, nb b, D).
+    q, k, v: (B, H, N, D); returns (B, H, nb b, D), the rows past N padding. Each plan
+    step is one batched matmul over its rows' gathered key blocks, (B, H, R, b, K b).
     """
 
     @staticmethod
-    def forward(ctx, qp, kp, vp, plan):
-        B, H, nb, b, D = qp.shape
-        out = qp.new_empty(B, H, nb, b, D)
-        keep = any(ctx.needs_input_grad)  # else nothing is saved: no log-sum-exp needed
+    def forward(ctx, q, k, v, b, plan):
+        B, H, N, D = q.shape
+        nb = math.ceil(N / b)
+        pad = nb * b - N
+        # Block views (B, H, nb, b, D); zero-padded keys are masked by the plan. The scale
+        # goes on q (N D products), not on the scores.
+        qp = q.new_zeros(B, H, nb * b, D) if pad else q.new_empty(B, H, N, D)
+        torch.mul(q, softmax_scale(D), out=qp[:, :, :N])
+        qp = qp.view(B, H, nb, b, D)
+        kp, vp = ((F.pad(t, (0, 0, 0, pad)) if pad or not t.is_contiguous() else t).view(
+            B, H, nb, b, D) for t in (k, v))
+        out = q.new_empty(B, H, nb, b, D)
+        keep = any(ctx.needs_input_grad[:3])  # else nothing is saved: no log-sum-exp needed
         if keep:
             # float32 at least: a bfloat16 lse would shift every recomputed probability.
-            lse = qp.new_empty(B, H, nb, b, 1, dtype=torch.promote_types(qp.dtype, torch.float32))
-        for i, (cols, span, drop) in enumerate(plan):
-            s = qp[:, :, i] @ _gather(kp, cols, span).transpose(-1, -2)  # (B, H, b, K b)
-            if drop is not None:
-                s.masked_fill_(drop, float("-inf"))
+            lse = q.new_empty(B, H, nb, b, 1, dtype=torch.promote_types(q.dtype, torch.float32))
+        for rows, cols, K, drop in plan:
+            qr = _take(qp, rows)  # (B, H, R, b, D)
+            R = qr.shape[2]
+            s = qr @ _gather(kp, cols, R, K).transpose(-1, -2)  # (B, H, R, b, K b)
+            _mask(s, drop)
             if keep:
-                p, lse[:, :, i] = softmax_logsumexp(s)
+                p, lse_r = softmax_logsumexp(s)
+                _put(lse, rows, lse_r)
             else:
                 p = torch.softmax(s, dim=-1)
-            out[:, :, i] = p @ _gather(vp, cols, span)
+            _put(out, rows, p @ _gather(vp, cols, R, K))
         if keep:
-            ctx.plan = plan
+            ctx.plan, ctx.N = plan, N
             ctx.save_for_backward(qp, kp, vp, out, lse)
         return out.view(B, H, nb * b, D)
 
@@ -247,21 +310,32 @@ class _BlockRows(torch.autograd.Function):
         delta = (dout * out).sum(dim=-1, keepdim=True)  # (B, H, nb, b, 1): rowsum(dO * O)
         dq = torch.empty_like(qp)
         dk, dv = torch.zeros_like(kp), torch.zeros_like(vp)
-        for i, (cols, span, drop) in enumerate(ctx.plan):
-            qi, do = qp[:, :, i], dout[:, :, i]  # (B, H, b, D)
-            kr, vr = _gather(kp, cols, span), _gather(vp, cols, span)  # (B, H, K b, D)
-            s = qi @ kr.transpose(-1, -2)  # (B, H, b, K b)
-            if drop is not None:
-                s.masked_fill_(drop, float("-inf"))
-            p = s.sub_(lse[:, :, i]).exp_()  # the forward's probabilities
-            dvr = p.transpose(-1, -2) @ do  # (B, H, K b, D)
-            ds = (do @ vr.transpose(-1, -2)).sub_(delta[:, :, i]).mul_(p)
-            torch.matmul(ds, kr, out=dq[:, :, i])
-            dkr = ds.transpose(-1, -2) @ qi  # (B, H, K b, D)
-            if span is not None:
-                dk[:, :, span[0]:span[1]] += dkr.view(B, H, -1, b, D)
-                dv[:, :, span[0]:span[1]] += dvr.view(B, H, -1, b, D)
+        for rows, cols, K, drop in ctx.plan:
+            qr, do = _take(qp, rows), _take(dout, rows)  # (B, H, R, b, D)
+            R = qr.shape[2]
+            kr, vr = _gather(kp, cols, R, K), _gather(vp, cols, R, K)  # (B, H, R, K b, D)
+            s = qr @ kr.transpose(-1, -2)  # (B, H, R, b, K b)
+            _mask(s, drop)
+            p = s.sub_(_take(lse, rows)).exp_()  # the forward's probabilities
+            dvr = p.transpose(-1, -2) @ do  # (B, H, R, K b, D)
+            ds = (do @ vr.transpose(-1, -2)).sub_(_take(delta, rows)).mul_(p)
+            _put(dq, rows, ds @ kr)
+            dkr = ds.transpose(-1, -2) @ qr  # (B, H, R, K b, D)
+            if isinstance(cols, slice):
+                dk[:, :, cols] += dkr.view(B, H, K, b, D)
+                dv[:, :, cols] += dvr.view(B, H, K, b, D)
             else:
-                dk.index_add_(2, cols, dkr.view(B, H, -1, b, D))
-                dv.index_add_(2, cols, dvr.view(B, H, -1, b, D))
-        return dq, dk, dv, None
+                dk.index_add_(2, cols, dkr.view(B, H, R * K, b, D))
+                dv.index_add_(2, cols, dvr.view(B, H, R * K, b, D))
+        N = ctx.N
+        dq = dq.view(B, H, nb * b, D)[:, :, :N].mul_(softmax_scale(D))
+        dk, dv = (t.view(B, H, nb * b, D)[:, :, :N] for t in (dk, dv))
+        return dq, dk, dv, None, None
+
+
+def _put(x: torch.Tensor, sel, value: torch.Tensor) -> None:
+    """x[:, :, sel] = value, for a slice or a long tensor."""
+    if isinstance(sel, slice):
+        x[:, :, sel] = value
+    else:
+        x.index_copy_(2, sel, value)

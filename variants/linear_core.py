@@ -1,21 +1,21 @@
 """Kernelised attention cores of the linear family, (B, H, N, D) -> same: given feature maps
 phi, o_i = sum_j a_ij v_j / (sum_j a_ij + eps) with a_ij = phi(q_i).phi(k_j) >= 0.
 
-Used by `linear.py` (elu+1 and FAVOR+ features).
+Used by `linear.py` (elu+1 and FAVOR+ features, each a `FeatureMap` that also gives its
+derivatives).
 
 Non-causal: by associativity, [S | z] = phi(K)^T [V | 1] (M x (D + 1), one matmul) first,
 O(N M D), in blocks of keys, then the queries in blocks (`kernel_attention`). A block is
 sized so that its (B, H, rows, M) features are ~2 MiB (`block_rows`), so they stay in
-cache; whole-sequence features cost a fresh, page-faulted allocation per call. Without
-autograd the blocks write into preallocated buffers instead of concatenating (measured
-once here, paired and interleaved at N = 16384, H = 8: 15% faster for performer, 29% for
-linear). Per-variant times: `python run_bench.py run --preset scaling`.
+cache; whole-sequence features cost a fresh, page-faulted allocation per call. The blocks
+write into preallocated buffers, and the backward is written out (`_KernelAttention`):
+autograd through the blocks kept every block's intermediates and concatenated them.
 
 Causal: chunked prefix sums (`causal_linear_attention`, shared by both variants): within
 a chunk of C positions the masked C x C quadratic form; across chunks the running state
-S = sum phi(k) v^T and z = sum phi(k), one (M, D) state per chunk, so memory is
-O(N (M + C) + N M D / C) per head, never N x N nor N x M x D. Autograd backprops through
-it with the same complexity (the prefix sum over chunks is a small autograd.Function).
+S = sum phi(k) v^T and z = sum phi(k), one (M, D + 1) state per chunk, so memory is
+O(N (M + C) + N M D / C) per head, never N x N nor N x M x D. Its backward is written
+out too (`_CausalKernelAttention`), with the same complexity.
 """
 
 from __future__ import annotations
@@ -39,55 +39,231 @@ def block_rows(B: int, H: int, M: int, budget: int = _BLOCK_BYTES) -> int:
     return max(64, min(1024, 1 << max(rows, 1).bit_length() - 1))
 
 
-def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, phi_q, phi_k,
-                     eps: float, rows: int) -> torch.Tensor:
-    """Non-causal kernelised attention over (B, H, N, D) q, k, v, in blocks of `rows`.
+class FeatureMap:
+    """A feature map phi on (B, H, r, D) blocks, with the derivatives the cores' hand-written
+    backward passes need. The cores call it without autograd; `query` and `key` are plain
+    differentiable torch code, so other variants may also use them under autograd.
 
-    phi_q(q block) -> (B, H, r, M) features, up to a positive factor per query row (it
-    cancels in the ratio). phi_k(k block) -> (f, logw): the block's features are
-    f * exp(logw), logw (B, H, r, 1) per key row, or None for f alone. Each block's row
-    weights are taken relative to that block's largest (a common factor, it cancels), and
-    the sums S and z are kept relative to the largest seen so far, so no exponent overflows.
+    query(x) -> f (B, H, r, M): the query features, up to a positive factor per row.
+    key(x) -> (f, logw): key features f * exp(logw), logw (B, H, r, 1) or None for f alone.
+    query_grad(x, f, df) -> dx: the gradient of x given df = dL/df.
+    key_grad(x, f, wk, t) -> dx: the gradient of x given t = dL/d(f wk) (wk = exp(logw -
+    shift), or None). Neither gradient method writes into its arguments.
+    `save`: whether the cores keep the features for backward (True where recomputing them
+    costs matmuls) or recompute them block by block.
     """
+
+    save = False
+
+    def query(self, x):
+        raise NotImplementedError
+
+    def key(self, x):
+        raise NotImplementedError
+
+    def query_grad(self, x, f, df):
+        raise NotImplementedError
+
+    def key_grad(self, x, f, wk, t):
+        raise NotImplementedError
+
+
+def sequence_features(q: torch.Tensor, k: torch.Tensor, fmap: FeatureMap):
+    """Whole-sequence features (phi(q), phi(k)), each (B, H, N, M): phi(q) up to a factor per
+    row, phi(k) up to one factor per (batch, head) (the key weights exp(logw) taken relative
+    to their largest); both factors cancel. Under autograd the backward is `fmap`'s
+    (`_SequenceFeatures`), keeping the inputs and the two feature tensors."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return _SequenceFeatures.apply(q, k, fmap)
+    return _sequence_features(q, k, fmap)
+
+
+def _sequence_features(q, k, fmap):
+    # Block by block (`block_rows`), each written once into the whole tensor: the feature
+    # maps' several elementwise passes stay in cache.
+    B, H, N, _ = q.shape
+    fq = fk = logw = None
+    for i, qb, kb in _row_blocks(q, k):
+        fqb = fmap.query(qb)
+        fkb, lwb = fmap.key(kb)
+        if fq is None:
+            M = fqb.shape[-1]
+            fq, fk = fqb.new_empty(B, H, N, M), fkb.new_empty(B, H, N, M)
+            logw = None if lwb is None else fkb.new_empty(B, H, N, 1)
+        r = slice(i, i + qb.shape[2])
+        fq[:, :, r], fk[:, :, r] = fqb, fkb
+        if lwb is not None:
+            logw[:, :, r] = lwb
+    if logw is not None:
+        fk.mul_(torch.exp(logw - logw.amax(dim=-2, keepdim=True)))
+    return fq, fk
+
+
+def _row_blocks(q, k):
+    """(start, q block, k block): blocks sized as for 4 D features (FAVOR+'s default m)."""
     B, H, N, D = q.shape
-    # Without autograd (inference, the timed forward) the blocks write into preallocated
-    # buffers; with it, the same arithmetic by differentiable ops (cat), tested equal.
-    graph = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    Sz = top = None  # [S | z]: (B, H, M, D + 1)
+    rows = block_rows(B, H, 4 * D)
+    return zip(range(0, N, rows), q.split(rows, dim=2), k.split(rows, dim=2))
+
+
+class _SequenceFeatures(torch.autograd.Function):
+    """`sequence_features` with the feature map's own derivatives (the key shift is a
+    constant, as the stabilisers are everywhere here)."""
+
+    @staticmethod
+    def forward(ctx, q, k, fmap):
+        fq, fk = _sequence_features(q, k, fmap)
+        ctx.fmap = fmap
+        ctx.save_for_backward(q, k, fq, fk)
+        return fq, fk
+
+    @staticmethod
+    def backward(ctx, dfq, dfk):
+        q, k, fq, fk = ctx.saved_tensors
+        dq = None if dfq is None else ctx.fmap.query_grad(q, fq, dfq)
+        dk = None if dfk is None else ctx.fmap.key_grad(k, fk, None, dfk)
+        return dq, dk, None
+
+
+def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmap: FeatureMap,
+                     eps: float, rows: int) -> torch.Tensor:
+    """Non-causal kernelised attention over (B, H, N, D) q, k, v (the compute dtype), in
+    blocks of `rows`, with features from `fmap` (`FeatureMap`).
+
+    Each key block's row weights are taken relative to that block's largest (a common
+    factor, it cancels), and the sums S and z are kept relative to the largest seen so far,
+    so no exponent overflows. Under autograd the backward is written out (`_KernelAttention`):
+    the same blocks again, O(N M D), keeping only [S | z], the output and its normaliser
+    (and the features where `fmap.save`), never anything N x N.
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _KernelAttention.apply(q, k, v, fmap, eps, rows)
+    return _kernel_forward(q, k, v, fmap, eps, rows, None)[0]
+
+
+def _kernel_forward(q, k, v, fmap, eps, rows, saved):
+    """The forward of `kernel_attention`: (o, den, Sz, top), den = the normaliser + eps
+    (B, H, N, 1), Sz = [S | z] (B, H, M, D + 1) relative to exp(top) (B, H, 1, 1) or None.
+    `saved`: a list that receives the feature blocks (queries', then keys', then the keys'
+    logw when there are any), or None."""
+    B, H, N, D = q.shape
+    Sz = top = vw = None
+    fks, logws = [], []
     for kb, vb in zip(k.split(rows, dim=2), v.split(rows, dim=2)):
-        fk, logw = phi_k(kb)  # (B, H, r, M), (B, H, r, 1) or None
+        fk, logw = fmap.key(kb)  # (B, H, r, M), (B, H, r, 1) or None
+        if vw is None or vw.shape[2] != kb.shape[2]:
+            vw = fk.new_empty(B, H, kb.shape[2], D + 1)  # [v w | w], reused across blocks
+            if logw is None:
+                vw[..., D:] = 1
         if logw is None:
-            wk = torch.ones_like(fk[..., :1])
+            vw[..., :D] = vb
         else:
-            shift = logw.detach().amax(dim=-2, keepdim=True)  # (B, H, 1, 1)
+            shift = logw.amax(dim=-2, keepdim=True)  # (B, H, 1, 1)
             wk = torch.exp(logw - shift)  # (B, H, r, 1), at most 1
-        # S and z in one matmul; the key row weights go on the values (r x D), not on the
-        # features (r x M).
-        if graph:
-            vw = torch.cat([vb.to(fk.dtype) * wk, wk], dim=-1)
-        else:
-            vw = fk.new_empty(*vb.shape[:-1], D + 1)
             torch.mul(vb, wk, out=vw[..., :D])
             vw[..., D:] = wk
+        # S and z in one matmul; the key row weights go on the values (r x D), not on the
+        # features (r x M).
         Sz_b = fk.transpose(-1, -2) @ vw  # (B, H, M, D + 1)
         if logw is not None:
             new = shift if top is None else torch.maximum(top, shift)
-            Sz_b = Sz_b * torch.exp(shift - new)
+            Sz_b.mul_(torch.exp(shift - new))
             if top is not None:
-                Sz = Sz * torch.exp(top - new)
+                Sz.mul_(torch.exp(top - new))
             top = new
-        Sz = Sz_b if Sz is None else Sz + Sz_b
-    out = None if graph else Sz.new_empty(B, H, N, D)
-    outs = []
+        Sz = Sz_b if Sz is None else Sz.add_(Sz_b)
+        if saved is not None:
+            fks.append(fk)
+            if logw is not None:
+                logws.append(logw)
+    out = Sz.new_empty(B, H, N, D)
+    den = Sz.new_empty(B, H, N, 1)
     for i, qb in zip(range(0, N, rows), q.split(rows, dim=2)):
-        o = phi_q(qb) @ Sz  # (B, H, r, D + 1)
-        if graph:
-            outs.append(o[..., :D] / (o[..., D:] + eps))  # (B, H, r, D)
-        else:
-            torch.div(o[..., :D], o[..., D:].add_(eps), out=out[:, :, i:i + rows])
-    if not graph:
+        fq = fmap.query(qb)
+        o = fq @ Sz  # (B, H, r, D + 1)
+        d = den[:, :, i:i + rows]
+        torch.add(o[..., D:], eps, out=d)
+        torch.div(o[..., :D], d, out=out[:, :, i:i + rows])
+        if saved is not None:
+            saved.append(fq)
+    if saved is not None:
+        saved += fks + logws
+    return out, den, Sz, top
+
+
+class _KernelAttention(torch.autograd.Function):
+    """`kernel_attention` with its backward written out, block by block.
+
+    With u_i = phi(q_i) [S | z] = [num_i | den_i - eps] and o_i = num_i / den_i, the
+    gradient g_i of o_i gives dU_i = [g_i / den_i | -(g_i . o_i) / den_i]; then
+    d phi(q_i) = dU_i [S | z]^T, d[S | z] = sum_i phi(q_i)^T dU_i, and for key j with
+    weight w_j: d(phi(k_j) w_j) = d[S | z] [v_j | 1], d v_j = w_j d S^T phi(k_j). Four
+    matmuls of the forward's size (twice the forward's two), plus the feature maps'.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, fmap, eps, rows):
+        saved = [] if fmap.save else None
+        out, den, Sz, top = _kernel_forward(q, k, v, fmap, eps, rows, saved)
+        ctx.fmap, ctx.rows = fmap, rows
+        ctx.has_top = top is not None
+        extra = [top] if top is not None else []
+        ctx.save_for_backward(q, k, v, out, den, Sz, *extra, *(saved or []))
         return out
-    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, den, Sz, *rest = ctx.saved_tensors
+        top = rest.pop(0) if ctx.has_top else None
+        fmap, rows = ctx.fmap, ctx.rows
+        B, H, N, D = q.shape
+        nb = -(-N // rows)
+        fqs, fks, logws = ((rest[:nb], rest[nb:2 * nb], rest[2 * nb:]) if rest
+                           else ([None] * nb, [None] * nb, []))
+        g = g.contiguous()
+        Szt = Sz.transpose(-1, -2)  # (B, H, D + 1, M)
+        dq = torch.empty_like(q)
+        dSz = torch.zeros_like(Sz)  # (B, H, M, D + 1)
+        dU = None
+        for b, i in enumerate(range(0, N, rows)):
+            blk = slice(i, i + rows)
+            qb = q[:, :, blk]
+            fq = fmap.query(qb) if fqs[b] is None else fqs[b]
+            r = qb.shape[2]
+            if dU is None or dU.shape[2] != r:
+                dU = g.new_empty(B, H, r, D + 1)
+            gn = dU[..., :D]
+            torch.div(g[:, :, blk], den[:, :, blk], out=gn)
+            torch.linalg.vecdot(gn, out[:, :, blk], out=dU[..., D])
+            dU[..., D].neg_()
+            dSz.add_(fq.transpose(-1, -2) @ dU)
+            dq[:, :, blk] = fmap.query_grad(qb, fq, dU @ Szt)
+        dk = torch.empty_like(k)
+        dv = torch.empty_like(v)
+        dS = dSz[..., :D].contiguous()  # (B, H, M, D)
+        dSzt = dSz.transpose(-1, -2)  # (B, H, D + 1, M)
+        vw = None
+        for b, j in enumerate(range(0, N, rows)):
+            blk = slice(j, j + rows)
+            kb, vb = k[:, :, blk], v[:, :, blk]
+            if fks[b] is None:
+                fk, logw = fmap.key(kb)
+            else:
+                fk, logw = fks[b], (logws[b] if logws else None)
+            r = kb.shape[2]
+            if vw is None or vw.shape[2] != r:
+                vw = g.new_empty(B, H, r, D + 1)
+                vw[..., D:] = 1
+            vw[..., :D] = vb
+            t = vw @ dSzt  # (B, H, r, M): dL/d(phi(k_j) w_j)
+            dvb = fk @ dS  # (B, H, r, D)
+            wk = None
+            if top is not None:
+                wk = torch.exp(logw - top)  # (B, H, r, 1)
+                dvb.mul_(wk)
+            dv[:, :, blk] = dvb
+            dk[:, :, blk] = fmap.key_grad(kb, fk, wk, t)
+        return dq, dk, dv, None, None, None
 
 
 def kernel_weights(fq: torch.Tensor, fk: torch.Tensor, eps: float, causal: bool) -> torch.Tensor:
@@ -104,9 +280,9 @@ def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
     """Causal kernelised attention by chunked prefix sums; fq, fk (B, H, N, M), v (B, H, N, D).
 
     o_i = sum_{j<=i} a_ij v_j / (sum_{j<=i} a_ij + eps), a_ij = fq_i . fk_j, with a_ij >= 0.
+    Under autograd the backward is written out (`_CausalKernelAttention`).
     """
     B, H, N, M = fq.shape
-    D = v.shape[-1]
     C = min(chunk, N)
     n = -(-N // C)
     pad = n * C - N
@@ -116,26 +292,114 @@ def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
         # send NaN gradients into the real keys of the last chunk.
         fk, v = F.pad(fk, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
         fq = F.pad(fq, (0, 0, 0, pad), value=1.0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (fq, fk, v)):
+        o = _CausalKernelAttention.apply(fq, fk, v, eps, C)
+    else:
+        o = _causal_forward(fq, fk, v, eps, C)[0]
+    return o[:, :, :N] if pad else o  # (B, H, N, D)
+
+
+def _causal_forward(fq, fk, v, eps, C):
+    """The forward of `causal_linear_attention` on a whole number of chunks of C rows:
+    (o (B, H, P, D), A, st, den), with A the masked chunk scores (B, H, n, C, C), st the
+    states [S | z] entering each chunk (B, H, n, M, D + 1; None for one chunk) and den the
+    normaliser + eps (B, H, n, C, 1)."""
+    B, H, P, M = fq.shape
+    D = v.shape[-1]
+    n = P // C
     fq = fq.reshape(B, H, n, C, M)  # (B, H, n, C, M)
     fk = fk.reshape(B, H, n, C, M)
     v = v.reshape(B, H, n, C, D)  # (B, H, n, C, D)
-
     # Within a chunk: the masked quadratic form, C x C per chunk.
-    # In place here and below: matmul saves its operands, not its output.
     a = (fq @ fk.transpose(-1, -2)).tril_()  # (B, H, n, C, C)
     num = a @ v  # (B, H, n, C, D)
     den = a.sum(dim=-1, keepdim=True)  # (B, H, n, C, 1)
+    st = None
     if n > 1:
-        # State entering chunk c: sum over the chunks before it (chunk 0 enters with zero).
-        # The last chunk's own state is computed though unused: slicing it off would make
-        # strided operands that matmul copies first.
-        kv = fk.transpose(-1, -2) @ v  # (B, H, n, M, D)
-        S = _ExclusivePrefixSum.apply(kv)  # (B, H, n, M, D)
-        z = _ExclusivePrefixSum.apply(fk.sum(dim=-2))  # (B, H, n, M)
-        num = num.add_(fq @ S)
-        den = den.add_(fq @ z.unsqueeze(-1))
-    o = num / (den + eps)
-    return o.reshape(B, H, n * C, D)[:, :, :N]  # (B, H, N, D)
+        # State entering chunk c: [S | z] summed over the chunks before it (chunk 0 enters
+        # with zero). The last chunk's own state is computed though unused: slicing it off
+        # would make strided operands that matmul copies first.
+        kv = fk.new_empty(B, H, n, M, D + 1)  # (B, H, n, M, D + 1)
+        kv[..., :D] = fk.transpose(-1, -2) @ v
+        torch.sum(fk, dim=-2, out=kv[..., D])
+        st = _exclusive_scan(kv)
+        u = fq @ st  # (B, H, n, C, D + 1)
+        num.add_(u[..., :D])
+        den.add_(u[..., D:])
+    den.add_(eps)
+    o = num.div_(den)
+    return o.reshape(B, H, P, D), a, st, den
+
+
+class _CausalKernelAttention(torch.autograd.Function):
+    """`causal_linear_attention` with its backward written out.
+
+    Per chunk, with gn = g / den and gd = -(g . o) / den per row: the masked scores take
+    dA = tril(gn v^T + gd 1^T), so d fq = dA fk + [gn | gd] st^T, d fk = dA^T fq +
+    [v | 1] dst'^T and d v = A^T gn + fk dst'[:, :D], where dst = fq^T [gn | gd] is the
+    gradient of each chunk's entering state and dst' its exclusive suffix sum (a state
+    reaches every later chunk). Twice the forward's matmuls; A and the states are kept
+    from the forward (N C + N M D / C per head), nothing N x N.
+    """
+
+    @staticmethod
+    def forward(ctx, fq, fk, v, eps, C):
+        o, a, st, den = _causal_forward(fq, fk, v, eps, C)
+        ctx.C = C
+        ctx.save_for_backward(fq, fk, v, o, a, den, *([st] if st is not None else []))
+        return o
+
+    @staticmethod
+    def backward(ctx, g):
+        fq, fk, v, o, a, den, *st = ctx.saved_tensors
+        B, H, P, M = fq.shape
+        D = v.shape[-1]
+        C = ctx.C
+        n = P // C
+        fq = fq.reshape(B, H, n, C, M)
+        fk = fk.reshape(B, H, n, C, M)
+        v = v.reshape(B, H, n, C, D)
+        gU = g.new_empty(B, H, n, C, D + 1)  # [gn | gd]
+        gn = gU[..., :D]
+        torch.div(g.reshape(B, H, n, C, D), den, out=gn)
+        torch.linalg.vecdot(gn, o.reshape(B, H, n, C, D), out=gU[..., D])
+        gd = gU[..., D:].neg_()  # (B, H, n, C, 1)
+        # 3-d views (batch = B H n chunks) so that the products accumulate in place
+        # (baddbmm_), without a temporary each; freed as soon as used: peak memory.
+        fq3, fk3, v3 = fq.reshape(-1, C, M), fk.reshape(-1, C, M), v.reshape(-1, C, D)
+        gU3 = gU.view(-1, C, D + 1)
+        gn3 = gU3[..., :D]
+        dA = torch.bmm(gn3, v3.transpose(-1, -2)).add_(gU3[..., D:]).tril_()  # (B H n, C, C)
+        dfq = torch.bmm(dA, fk3)  # (B H n, C, M)
+        dfk = torch.bmm(dA.transpose(-1, -2), fq3)
+        del dA
+        dv = torch.bmm(a.view(-1, C, C).transpose(-1, -2), gn3)  # (B H n, C, D)
+        if st:
+            st3 = st[0].view(-1, M, D + 1)
+            dfq.baddbmm_(gU3, st3.transpose(-1, -2))
+            dst = torch.bmm(fq3.transpose(-1, -2), gU3).view(B, H, n, M, D + 1)
+            del gU, gU3, gn3, gn, gd
+            dst = _exclusive_scan(dst, reverse=True).view(-1, M, D + 1)  # (B H n, M, D + 1)
+            dfk.baddbmm_(v3, dst[..., :D].transpose(-1, -2))
+            dfk.view(B, H, n, C, M).add_(dst.view(B, H, n, M, D + 1)[..., D].unsqueeze(-2))
+            dv.baddbmm_(fk3, dst[..., :D])
+        return (dfq.reshape(B, H, P, M), dfk.reshape(B, H, P, M), dv.reshape(B, H, P, D),
+                None, None)
+
+
+def _exclusive_scan(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """(B, H, n, ...) -> same, out[:, :, c] = sum of x[:, :, :c] (reverse: of x[:, :, c + 1:]),
+    without autograd. One pass: a loop of n contiguous adds (torch.cumsum along a middle
+    dimension runs strided, ~6x slower than one elementwise pass on this CPU)."""
+    out = torch.empty_like(x)
+    n = x.shape[2]
+    order = range(n - 1, 0, -1) if reverse else range(n - 1)
+    edge = n - 1 if reverse else 0
+    out[:, :, edge].zero_()
+    for c in order:
+        nxt = c - 1 if reverse else c + 1
+        torch.add(out[:, :, c], x[:, :, c], out=out[:, :, nxt])
+    return out
 
 
 def causal_kernel_sum(fq: torch.Tensor, fk: torch.Tensor, x: torch.Tensor, chunk: int,
@@ -192,31 +456,16 @@ def lagged_kernel_flops(N: int, M: int, E: int, chunk: int) -> int:
 
 
 class _ExclusivePrefixSum(torch.autograd.Function):
-    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, :c]; out[:, :, 0] = 0.
-
-    torch.cumsum along a middle dimension runs strided, ~6x slower than one elementwise
-    pass over the tensor on this CPU; a loop of n contiguous adds is one pass, forward and
-    backward (the backward is the reverse scan), and allocates no padded copy.
-    """
+    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, :c]; out[:, :, 0] = 0, by
+    `_exclusive_scan`; the backward is the reverse scan (x[c] reaches out[c + 1:])."""
 
     @staticmethod
     def forward(ctx, x):
-        out = torch.empty_like(x)
-        out[:, :, 0].zero_()
-        for c in range(x.shape[2] - 1):
-            torch.add(out[:, :, c], x[:, :, c], out=out[:, :, c + 1])
-        return out
+        return _exclusive_scan(x)
 
     @staticmethod
     def backward(ctx, g):
-        # x[c] reaches out[c+1:], so gx[c] = sum of g[c+1:], a reverse scan.
-        g = g.contiguous()
-        gx = torch.empty_like(g)
-        n = g.shape[2]
-        gx[:, :, n - 1].zero_()
-        for c in range(n - 2, -1, -1):
-            torch.add(gx[:, :, c + 1], g[:, :, c + 1], out=gx[:, :, c])
-        return gx
+        return _exclusive_scan(g.contiguous(), reverse=True)
 
 
 def chunked_flops(N: int, M: int, D: int, chunk: int) -> int:
@@ -248,26 +497,13 @@ def core_flops(N: int, M: int, D: int, causal: bool, chunk: int) -> int:
 
 
 class _ExclusiveSuffixSum(torch.autograd.Function):
-    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, c + 1:]; out[:, :, n - 1] = 0.
-
-    `_ExclusivePrefixSum` run from the other end (the same one-pass loop; backward the
-    forward scan)."""
+    """(B, H, n, ...) -> same: out[:, :, c] = sum of x[:, :, c + 1:]; out[:, :, n - 1] = 0;
+    the backward is the forward scan (x[c] reaches out[:c])."""
 
     @staticmethod
     def forward(ctx, x):
-        out = torch.empty_like(x)
-        n = x.shape[2]
-        out[:, :, n - 1].zero_()
-        for c in range(n - 2, -1, -1):
-            torch.add(out[:, :, c + 1], x[:, :, c + 1], out=out[:, :, c])
-        return out
+        return _exclusive_scan(x, reverse=True)
 
     @staticmethod
     def backward(ctx, g):
-        # x[c] reaches out[:c], so gx[c] = sum of g[:c], a forward scan.
-        g = g.contiguous()
-        gx = torch.empty_like(g)
-        gx[:, :, 0].zero_()
-        for c in range(g.shape[2] - 1):
-            torch.add(gx[:, :, c], g[:, :, c], out=gx[:, :, c + 1])
-        return gx
+        return _exclusive_scan(g.contiguous())

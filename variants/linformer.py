@@ -17,6 +17,9 @@ Two untrained projections (a variant is a pure q, k, v -> o map, so nothing is l
   segment is one token and this is exactly softmax attention. Computed by segment means
   (reshapes), without a dense k x N matrix.
 
+The N x k scores are made in cache-sized blocks of heads and query rows, with a
+written-out backward that keeps the weights (`softmax_attention`, shared with nystrom).
+
 Non-causal only: each projected key mixes positions from the whole sequence, future included.
 """
 
@@ -54,8 +57,93 @@ def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
-# Query rows per block of the score computation.
-_ROWS = 1024
+# Bytes of one block of scores in `softmax_attention`.
+_BLOCK_BYTES = 2 << 20
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      bias: torch.Tensor | None = None,
+                      budget: int = _BLOCK_BYTES) -> torch.Tensor:
+    """softmax(q k^T + bias) v: q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv), bias (Nk,)
+    or None (a constant: no gradient) -> (B, H, Nq, Dv). The scale goes on q or k beforehand.
+
+    For one side much shorter than the other (linformer's k projected keys, nystrom's
+    landmarks): the scores are made in blocks of heads and query rows of about `budget`
+    bytes (`_blocks`), so each block stays in cache instead of making a whole (B, H, Nq,
+    Nk) tensor in memory. Under autograd the backward is written out (`_SoftmaxAttention`),
+    keeping the weights as plain autograd would, in the same blocks.
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _SoftmaxAttention.apply(q, k, v, bias, budget)
+    return _softmax_forward(q, k, v, bias, budget, None)
+
+
+def _blocks(BH: int, Nq: int, Nk: int, itemsize: int, budget: int) -> tuple[int, int]:
+    """(heads, rows) per block: up to 1024 query rows that the budget holds, then as many
+    heads as it holds (at least one of each)."""
+    rows = max(1, min(Nq, 1024, budget // (itemsize * Nk)))
+    return max(1, min(BH, budget // (itemsize * rows * Nk))), rows
+
+
+def _softmax_forward(q, k, v, bias, budget, saved):
+    """The forward of `softmax_attention`; `saved`: a list that receives the weight blocks,
+    or None."""
+    B, H, Nq, D = q.shape
+    Nk, Dv = k.shape[2], v.shape[-1]
+    BH = B * H
+    q3, k3, v3 = q.reshape(BH, Nq, D), k.reshape(BH, Nk, D), v.reshape(BH, Nk, Dv)
+    hb, rows = _blocks(BH, Nq, Nk, q.element_size(), budget)
+    out = q.new_empty(BH, Nq, Dv)
+    for h in range(0, BH, hb):
+        kt, vh = k3[h:h + hb].transpose(-1, -2), v3[h:h + hb]  # (hb, D, Nk), (hb, Nk, Dv)
+        for i in range(0, Nq, rows):
+            s = q3[h:h + hb, i:i + rows] @ kt  # (hb, r, Nk)
+            if bias is not None:
+                s += bias
+            p = torch.softmax(s, dim=-1)
+            out[h:h + hb, i:i + rows] = p @ vh  # (hb, r, Dv)
+            if saved is not None:
+                saved.append(p)
+    return out.view(B, H, Nq, Dv)
+
+
+class _SoftmaxAttention(torch.autograd.Function):
+    """`softmax_attention` with its backward written out, block by block: with the weights
+    p of a block and g the output's gradient, dv += p^T g, ds = p (g v^T - rowsum(g o)),
+    dq = ds k, dk += ds^T q; four matmuls of the forward's size (twice its two)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, budget):
+        saved = []
+        out = _softmax_forward(q, k, v, bias, budget, saved)
+        ctx.budget = budget
+        ctx.save_for_backward(q, k, v, out, *saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, *ps = ctx.saved_tensors
+        B, H, Nq, D = q.shape
+        Nk, Dv = k.shape[2], v.shape[-1]
+        BH = B * H
+        q3, k3, v3 = q.reshape(BH, Nq, D), k.reshape(BH, Nk, D), v.reshape(BH, Nk, Dv)
+        g3, o3 = g.reshape(BH, Nq, Dv), out.view(BH, Nq, Dv)
+        hb, rows = _blocks(BH, Nq, Nk, q.element_size(), ctx.budget)
+        dq = torch.empty_like(q3)
+        dk = torch.zeros_like(k3)
+        dv = torch.zeros_like(v3)
+        blocks = iter(ps)
+        for h in range(0, BH, hb):
+            hs = slice(h, h + hb)
+            for i in range(0, Nq, rows):
+                rs = slice(i, i + rows)
+                p, gb = next(blocks), g3[hs, rs]
+                dv[hs].baddbmm_(p.transpose(-1, -2), gb)
+                ds = gb @ v3[hs].transpose(-1, -2)  # (hb, r, Nk)
+                ds.sub_(torch.linalg.vecdot(gb, o3[hs, rs]).unsqueeze(-1)).mul_(p)
+                dq[hs, rs] = ds @ k3[hs]
+                dk[hs].baddbmm_(ds.transpose(-1, -2), q3[hs, rs])
+        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None, None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,18 +222,7 @@ class Linformer(Variant):
             vp = segment_means(v, self.params.k)  # (B, H, k, D)
             offsets = self.pool_offsets(N, q.device, q.dtype)  # (k,)
         # Scaling the k x D keys rather than the N x k scores: fewer elements.
-        kt = (kp * scale).transpose(-1, -2)  # (B, H, D, k)
-        # Queries in blocks of _ROWS: each (B, H, rows, k) score block stays in cache and
-        # below glibc's 32 MiB mmap threshold (whole, at N=16384, H=8, k=256 it is 128 MiB,
-        # a fresh page-faulted mapping per call: measured ~290 ms whole, ~230 ms blocked).
-        outs = []
-        for qb in q.split(_ROWS, dim=2):
-            scores = qb @ kt  # (B, H, rows, k)
-            if offsets is not None:
-                # In place: the matmul's backward needs its inputs, not this output.
-                scores += offsets
-            outs.append(torch.softmax(scores, dim=-1) @ vp)  # (B, H, rows, D)
-        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # (B, H, N, D)
+        return softmax_attention(q, kp * scale, vp, offsets)  # (B, H, N, D)
 
     def attention_weights(self, q, k, causal):
         """softmax(q (E k)^T / sqrt(D)) F, (B, H, N, N): the scores over the k projected keys

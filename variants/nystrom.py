@@ -7,7 +7,10 @@ contiguous segments of q and k):
     F = softmax(q k~^T / sqrt D)   (N x m)      A = softmax(q~ k~^T / sqrt D)   (m x m)
     B = softmax(q~ k^T / sqrt D)   (m x N)      o = F (A^+ (B v))
 
-B v is formed first, so the largest intermediates are N x m: O(N m) time and memory.
+B v is formed first, so the largest intermediates are N x m: O(N m) time and memory. F (.)
+and B v are each a softmax over a short side (m landmarks, m rows), made in cache-sized
+blocks with a written-out backward (`linformer.softmax_attention`); the m x m part
+(A, its pseudo-inverse) goes through autograd.
 
 A^+ follows the paper's iterative Moore-Penrose approximation (after Razavi et al. 2014):
 Z0 = A^T / (||A||_1 ||A||_inf), Z <- Z/4 (13 I - A Z (15 I - A Z (7 I - A Z))). The norms are
@@ -27,7 +30,7 @@ import dataclasses
 import torch
 
 from .base import Variant, param, softmax_scale
-from .linformer import segment_means
+from .linformer import segment_means, softmax_attention
 from .registry import register
 
 
@@ -41,11 +44,17 @@ def iterative_pinv(A: torch.Tensor, iterations: int) -> torch.Tensor:
     norm1 = absA.sum(dim=-2).amax(dim=-1)  # (...,) max column sum
     norm_inf = absA.sum(dim=-1).amax(dim=-1)  # (...,) max row sum
     Z = A.transpose(-1, -2) / (norm1 * norm_inf)[..., None, None]
-    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    shape, m = A.shape, A.shape[-1]
+    A, Z = A.reshape(-1, m, m), Z.reshape(-1, m, m)  # (batch, m, m)
+    eye = torch.eye(m, dtype=A.dtype, device=A.device)
+    c7, c15, c13 = (c * eye.expand_as(A) for c in (7, 15, 13))
     for _ in range(iterations):
-        AZ = A @ Z
-        Z = 0.25 * Z @ (13 * eye - AZ @ (15 * eye - AZ @ (7 * eye - AZ)))
-    return Z
+        AZ = torch.bmm(A, Z)
+        # c I - AZ X as one baddbmm each: fewer small ops, the same arithmetic.
+        X = torch.baddbmm(c15, AZ, c7 - AZ, alpha=-1)
+        X = torch.baddbmm(c13, AZ, X, alpha=-1)
+        Z = torch.bmm(Z, X).mul_(0.25)  # bmm saves its inputs, not its output
+    return Z.reshape(shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,31 +89,36 @@ class Nystrom(Variant):
         # pseudo-inverse; the iterative one only approaches it.
         return self.params.num_landmarks >= seq_len and self.params.pinv_iterations == 0
 
-    def factors(self, q: torch.Tensor, k: torch.Tensor):
-        """(F (B, H, N, m), A^+ (B, H, m, m) in the work dtype, B (B, H, m, N)): the attention
-        map is F A^+ B."""
+    def landmarks(self, q: torch.Tensor, k: torch.Tensor):
+        """(q~ / sqrt(D), k~ (B, H, m, D), A^+ (B, H, m, m) in the work dtype)."""
         m = self.params.num_landmarks
-        scale = softmax_scale(q.shape[-1])
         # The scale goes on the m x D landmarks, never on an N-sized tensor.
-        q_l = segment_means(q, m) * scale  # (B, H, m, D)
+        q_l = segment_means(q, m) * softmax_scale(q.shape[-1])  # (B, H, m, D)
         k_l = segment_means(k, m)  # (B, H, m, D)
-        k_ls = k_l * scale  # (B, H, m, D)
-        f = torch.softmax(q @ k_ls.transpose(-1, -2), dim=-1)  # (B, H, N, m)
         a = torch.softmax(q_l @ k_l.transpose(-1, -2), dim=-1)  # (B, H, m, m)
-        b = torch.softmax(q_l @ k.transpose(-1, -2), dim=-1)  # (B, H, m, N)
         # The pseudo-inverse in float32 at least (see the module docstring).
         a = a.to(torch.promote_types(q.dtype, torch.float32))
         if self.params.pinv_iterations == 0:
             a_pinv = torch.linalg.pinv(a)  # (B, H, m, m)
         else:
             a_pinv = iterative_pinv(a, self.params.pinv_iterations)  # (B, H, m, m)
+        return q_l, k_l, a_pinv
+
+    def factors(self, q: torch.Tensor, k: torch.Tensor):
+        """(F (B, H, N, m), A^+ (B, H, m, m) in the work dtype, B (B, H, m, N)): the attention
+        map is F A^+ B."""
+        q_l, k_l, a_pinv = self.landmarks(q, k)
+        f = torch.softmax(q @ (k_l * softmax_scale(q.shape[-1])).transpose(-1, -2), dim=-1)
+        b = torch.softmax(q_l @ k.transpose(-1, -2), dim=-1)  # (B, H, m, N)
         return f, a_pinv, b
 
     def attend(self, q, k, v, causal):
-        f, a_pinv, b = self.factors(q, k)
-        bv = b @ v  # (B, H, m, D): B v first, so nothing is N x N
+        q_l, k_l, a_pinv = self.landmarks(q, k)
+        # B v = softmax(q~ k^T) v first, so nothing is N x N; then F (A^+ B v) with
+        # F = softmax(q k~^T): both in cache-sized blocks (`softmax_attention`).
+        bv = softmax_attention(q_l, k, v)  # (B, H, m, D)
         z_bv = (a_pinv @ bv.to(a_pinv.dtype)).to(q.dtype)  # (B, H, m, D)
-        return f @ z_bv  # (B, H, N, D)
+        return softmax_attention(q, k_l * softmax_scale(q.shape[-1]), z_bv)  # (B, H, N, D)
 
     def attention_weights(self, q, k, causal):
         f, a_pinv, b = self.factors(q, k)

@@ -4,11 +4,18 @@ Longformer's local attention (Beltagy et al. 2020, https://arxiv.org/abs/2004.05
 its global tokens: query i sees key j iff i - window <= j <= i + window (causal: and j <= i).
 
 Blocked scheme: queries are split into chunks of c rows; chunk [s, s + c) scores the
-contiguous key span [s - w, s + c + w) (causal: [s - w, s + c)), taken as an `unfold` view
-of the zero-padded keys, and the band is masked inside that small (c, L) block. Scores,
-softmax and the value matmul all live in (B, H, N / c, c, L) tensors with L = c + 2w (causal
-c + w), so time and memory, forward and (plain autograd) backward, are O(N (c + 2w) D):
-never an N x N matrix.
+contiguous key span [s - w, s + c + w) (causal: [s - w, s + c)), rows of the zero-padded
+keys taken as a view, and the band is masked inside that small (c, L) block, L = c + 2w
+(causal c + w). One chunk is one batched matmul over B H for the scores and one for the
+values, the (B, H, c, L) scores cache-sized; time and memory, forward and backward, are
+O(N (c + 2w) D): never an N x N matrix.
+
+Backward (`_BandRows`, FlashAttention's recomputation: Dao et al. 2022,
+https://arxiv.org/abs/2205.14135, Algorithm 4 without tiling): the forward saves q (scaled,
+padded), the padded k and v, the output and one log-sum-exp per query; the backward
+recomputes each chunk's probabilities and adds its span's key and value gradients into
+the padded gradients. Plain autograd kept every chunk's probabilities and a copy of the
+overlapping key and value spans.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import KeyMask, Variant, param, softmax_scale
+from .base import KeyMask, Variant, param, softmax_logsumexp, softmax_scale
 from .registry import register
 
 # Query-chunk rows: half the window, within these bounds. A chunk scores c + 2w keys per
@@ -166,19 +173,93 @@ class SlidingWindow(Variant):
         if N == 0:
             return q.clone()
         w, c, L = band_span(self.params.window, N, causal)
+        drop = self._masks.get((N, causal, q.device), lambda: mask_runs(band_drop_mask(
+            N, w, c, L, causal), q.device))
+        return _BandRows.apply(q, k, v, w, c, L, causal, drop)[:, :, :N]
+
+
+def mask_runs(drop: torch.Tensor, device) -> list[list[tuple[int, int, torch.Tensor]]]:
+    """Per chunk, its masked span columns as runs (a, z, mask (c, z - a) on device): only
+    the columns with a masked key, so an inner chunk masks its two corners (b < a and
+    b > a + 2w), not its whole (c, L) block."""
+    runs = []
+    for d in drop:  # (c, L)
+        cols = d.any(dim=0).tolist()
+        chunk, a = [], None
+        for j, m in enumerate(cols + [False]):
+            if m and a is None:
+                a = j
+            elif not m and a is not None:
+                chunk.append((a, j, d[:, a:j].contiguous().to(device)))
+                a = None
+        runs.append(chunk)
+    return runs
+
+
+class _BandRows(torch.autograd.Function):
+    """Exact softmax attention of each c-row query chunk over its contiguous key span.
+
+    q, k, v: (B, H, N, D); returns (B, H, nc c, D), the rows past N padding. Chunk t's
+    keys and values are rows [t c, t c + L) of the zero-padded k and v: a view (one
+    batched matmul per chunk over B H, no copy of the overlapping spans). The backward
+    recomputes each chunk's probabilities from one log-sum-exp per query (FlashAttention's
+    recomputation, Dao et al. 2022, https://arxiv.org/abs/2205.14135, Algorithm 4 without
+    tiling) and adds each span's key and value gradients into the padded gradients.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, c, L, causal, drop):
+        B, H, N, D = q.shape
         nc = math.ceil(N / c)
-        qc, kw, vw = band_views(q, k, v, w, c, L, causal)
-        drop = self._masks.get((N, causal, q.device), lambda: band_drop_mask(
-            N, w, c, L, causal).to(q.device))  # (nc, c, L)
-        # Chunks are processed a group at a time so each score block stays cache-sized;
-        # `split` (not indexing) keeps the backward one concatenation, not one full-size
-        # zero gradient per group.
-        G = group_chunks(B, H, c, L, q.element_size())
-        outs = []
-        for qg, kg, vg, dg in zip(qc.split(G, 2), kw.split(G, 2), vw.split(G, 2),
-                                  drop.split(G, 0)):
-            s = qg @ kg  # (B, H, G, c, L)
-            s = s.masked_fill_(dg, float("-inf"))  # matmul saves its inputs, not s
-            outs.append(torch.softmax(s, dim=-1) @ vg)  # (B, H, G, c, D)
-        o = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # (B, H, nc, c, D)
-        return o.reshape(B, H, nc * c, D)[:, :, :N]
+        # Keys/values padded so chunk t's span starts at padded row t c (= token t c - w).
+        right = nc * c - N + (0 if causal else w)
+        kp = F.pad(k, (0, 0, w, right))  # (B, H, (nc - 1) c + L, D)
+        vp = F.pad(v, (0, 0, w, right))
+        # The scale goes on q (N D products) rather than on the scores (N L).
+        qc = q.new_zeros(B, H, nc * c, D) if nc * c > N else q.new_empty(B, H, N, D)
+        torch.mul(q, softmax_scale(D), out=qc[:, :, :N])
+        out = q.new_empty(B, H, nc * c, D)
+        keep = any(ctx.needs_input_grad[:3])  # else nothing is saved: no log-sum-exp needed
+        if keep:
+            # float32 at least: a bfloat16 lse would shift every recomputed probability.
+            lse = q.new_empty(B, H, nc * c, 1, dtype=torch.promote_types(q.dtype, torch.float32))
+        for t in range(nc):
+            rows, span = slice(t * c, (t + 1) * c), slice(t * c, t * c + L)
+            s = qc[:, :, rows] @ kp[:, :, span].transpose(-1, -2)  # (B, H, c, L)
+            for a, z, m in drop[t]:
+                s[..., a:z].masked_fill_(m, float("-inf"))
+            if keep:
+                p, lse[:, :, rows] = softmax_logsumexp(s)
+            else:
+                p = torch.softmax(s, dim=-1)
+            torch.matmul(p, vp[:, :, span], out=out[:, :, rows])
+        if keep:
+            ctx.band = (w, c, L, N, drop)
+            ctx.save_for_backward(qc, kp, vp, out, lse)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        qc, kp, vp, out, lse = ctx.saved_tensors
+        w, c, L, N, drop = ctx.band
+        D = qc.shape[-1]
+        nc = math.ceil(N / c)
+        dout = dout.contiguous()
+        delta = (dout * out).sum(dim=-1, keepdim=True)  # (B, H, nc c, 1): rowsum(dO * O)
+        dq = torch.empty_like(qc)
+        dk, dv = torch.zeros_like(kp), torch.zeros_like(vp)
+        for t in range(nc):
+            rows, span = slice(t * c, (t + 1) * c), slice(t * c, t * c + L)
+            qt, do = qc[:, :, rows], dout[:, :, rows]  # (B, H, c, D)
+            ks, vs = kp[:, :, span], vp[:, :, span]  # (B, H, L, D)
+            s = qt @ ks.transpose(-1, -2)  # (B, H, c, L)
+            for a, z, m in drop[t]:
+                s[..., a:z].masked_fill_(m, float("-inf"))
+            p = s.sub_(lse[:, :, rows]).exp_()  # the forward's probabilities
+            dv[:, :, span] += p.transpose(-1, -2) @ do
+            ds = (do @ vs.transpose(-1, -2)).sub_(delta[:, :, rows]).mul_(p)
+            torch.matmul(ds, ks, out=dq[:, :, rows])
+            dk[:, :, span] += ds.transpose(-1, -2) @ qt
+        dq = dq[:, :, :N].mul_(softmax_scale(D))
+        return dq, dk[:, :, w:w + N], dv[:, :, w:w + N], None, None, None, None, None
