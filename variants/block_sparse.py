@@ -44,7 +44,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import KeyMask, Variant, param, softmax_logsumexp, softmax_scale
+from .base import (KeyMask, Variant, Workspace, param, softmax_, softmax_lse_,
+                   softmax_scale)
 from .registry import register
 
 # Plans a module keeps (per length, causal, device and B H); a causal plan holds ~N * 8
@@ -255,17 +256,58 @@ def _take(x: torch.Tensor, sel) -> torch.Tensor:
     return x[:, :, sel] if isinstance(sel, slice) else x.index_select(2, sel)
 
 
-def _gather(xp: torch.Tensor, cols, R: int, K: int) -> torch.Tensor:
-    """(B, H, nb, b, D) blocks -> each of R rows' K blocks concatenated, (B, H, R, K b, D)."""
+def _count(sel) -> int:
+    """How many blocks a plan step's rows (a slice or a long tensor) hold."""
+    return sel.stop - sel.start if isinstance(sel, slice) else len(sel)
+
+
+def _rows(xp: torch.Tensor, sel, ws: Workspace, name: str) -> torch.Tensor:
+    """(B, H, nb, b, D) blocks -> the step's R row blocks as (B H R, b, D): a view for one
+    row, else a copy into workspace buffer `name`."""
     B, H, _, b, D = xp.shape
-    return _take(xp, cols).reshape(B, H, R, K * b, D)
+    R = _count(sel)
+    if R == 1:
+        i = sel.start if isinstance(sel, slice) else int(sel[0])
+        return xp[:, :, i].view(B * H, b, D)
+    buf = ws(name, B, H, R, b, D)
+    if isinstance(sel, slice):
+        buf.copy_(xp[:, :, sel])
+    else:
+        torch.index_select(xp, 2, sel, out=buf)
+    return buf.view(B * H * R, b, D)
+
+
+def _keys(xp: torch.Tensor, cols, R: int, K: int, ws: Workspace, name: str) -> torch.Tensor:
+    """(B, H, nb, b, D) blocks -> each of R rows' K blocks concatenated, (B H R, K b, D):
+    a view for the leading blocks 0..K-1 (cols a slice, R = 1), else a copy into
+    workspace buffer `name`."""
+    B, H, nb, b, D = xp.shape
+    if isinstance(cols, slice):
+        return xp.view(B * H, nb * b, D)[:, :K * b]
+    buf = ws(name, B, H, R * K, b, D)
+    torch.index_select(xp, 2, cols, out=buf)
+    return buf.view(B * H * R, K * b, D)
+
+
+def _reserve(ws: Workspace, plan: list[tuple], BH: int, b: int, D: int, names) -> None:
+    """Allocate each workspace buffer once, at the plan's largest step: `names` maps
+    each buffer to its shape kind, "row" (R b D), "keys" (R K b D, gathered steps only)
+    or "scores" (R b K b)."""
+    R = max(_count(rows) for rows, _, _, _ in plan)
+    RK = max(_count(rows) * K for rows, _, K, _ in plan)
+    gathered = [_count(rows) * K for rows, cols, K, _ in plan if not isinstance(cols, slice)]
+    size = {"row": R * b * D, "keys": max(gathered, default=0) * b * D, "scores": RK * b * b}
+    for name, kind in names.items():
+        if size[kind]:
+            ws(name, BH * size[kind])
 
 
 class _BlockRows(torch.autograd.Function):
     """Exact softmax attention of each query block over its plan's key blocks.
 
     q, k, v: (B, H, N, D); returns (B, H, nb b, D), the rows past N padding. Each plan
-    step is one batched matmul over its rows' gathered key blocks, (B, H, R, b, K b).
+    step is one batched matmul over its rows' gathered key blocks, (B H R, b, K b),
+    written into a workspace that every step reuses.
     """
 
     @staticmethod
@@ -285,17 +327,21 @@ class _BlockRows(torch.autograd.Function):
         if keep:
             # float32 at least: a bfloat16 lse would shift every recomputed probability.
             lse = q.new_empty(B, H, nb, b, 1, dtype=torch.promote_types(q.dtype, torch.float32))
+        ws = Workspace(q)
+        _reserve(ws, plan, B * H, b, D, {"s": "scores", "k": "keys", "v": "keys",
+                                          "q": "row", "o": "row"})
         for rows, cols, K, drop in plan:
-            qr = _take(qp, rows)  # (B, H, R, b, D)
-            R = qr.shape[2]
-            s = qr @ _gather(kp, cols, R, K).transpose(-1, -2)  # (B, H, R, b, K b)
-            _mask(s, drop)
+            R = _count(rows)
+            s = torch.bmm(_rows(qp, rows, ws, "q"),
+                          _keys(kp, cols, R, K, ws, "k").transpose(1, 2),
+                          out=ws("s", B * H * R, b, K * b))
+            _mask(s.view(B, H, R, b, K * b), drop)
             if keep:
-                p, lse_r = softmax_logsumexp(s)
-                _put(lse, rows, lse_r)
+                _put(lse, rows, softmax_lse_(s).view(B, H, R, b, 1))
             else:
-                p = torch.softmax(s, dim=-1)
-            _put(out, rows, p @ _gather(vp, cols, R, K))
+                softmax_(s)
+            o = torch.bmm(s, _keys(vp, cols, R, K, ws, "v"), out=ws("o", B * H * R, b, D))
+            _put(out, rows, o.view(B, H, R, b, D))
         if keep:
             ctx.plan, ctx.N = plan, N
             ctx.save_for_backward(qp, kp, vp, out, lse)
@@ -306,24 +352,31 @@ class _BlockRows(torch.autograd.Function):
     def backward(ctx, dout):
         qp, kp, vp, out, lse = ctx.saved_tensors
         B, H, nb, b, D = qp.shape
-        dout = dout.reshape(B, H, nb, b, D)
+        BH = B * H
+        dout = dout.contiguous().view(B, H, nb, b, D)
         delta = (dout * out).sum(dim=-1, keepdim=True)  # (B, H, nb, b, 1): rowsum(dO * O)
         dq = torch.empty_like(qp)
         dk, dv = torch.zeros_like(kp), torch.zeros_like(vp)
+        ws = Workspace(qp)
+        _reserve(ws, ctx.plan, BH, b, D, {"s": "scores", "dp": "scores", "dk": "keys",
+                                          "dv": "keys", "k": "keys", "v": "keys",
+                                          "q": "row", "do": "row", "o": "row"})
         for rows, cols, K, drop in ctx.plan:
-            qr, do = _take(qp, rows), _take(dout, rows)  # (B, H, R, b, D)
-            R = qr.shape[2]
-            kr, vr = _gather(kp, cols, R, K), _gather(vp, cols, R, K)  # (B, H, R, K b, D)
-            s = qr @ kr.transpose(-1, -2)  # (B, H, R, b, K b)
-            _mask(s, drop)
-            p = s.sub_(_take(lse, rows)).exp_()  # the forward's probabilities
-            dvr = p.transpose(-1, -2) @ do  # (B, H, R, K b, D)
-            ds = (do @ vr.transpose(-1, -2)).sub_(_take(delta, rows)).mul_(p)
-            _put(dq, rows, ds @ kr)
-            dkr = ds.transpose(-1, -2) @ qr  # (B, H, R, K b, D)
+            R = _count(rows)
+            qr, do = _rows(qp, rows, ws, "q"), _rows(dout, rows, ws, "do")  # (BH R, b, D)
+            kr, vr = _keys(kp, cols, R, K, ws, "k"), _keys(vp, cols, R, K, ws, "v")
+            s = torch.bmm(qr, kr.transpose(1, 2), out=ws("s", BH * R, b, K * b))
+            _mask(s.view(B, H, R, b, K * b), drop)
+            p = s.sub_(_take(lse, rows).reshape(BH * R, b, 1)).exp_()  # the forward's
+            dvr = torch.bmm(p.transpose(1, 2), do, out=ws("dv", BH * R, K * b, D))
+            ds = torch.bmm(do, vr.transpose(1, 2), out=ws("dp", BH * R, b, K * b))
+            ds.sub_(_take(delta, rows).reshape(BH * R, b, 1)).mul_(p)
+            dqr = torch.bmm(ds, kr, out=ws("o", BH * R, b, D))
+            _put(dq, rows, dqr.view(B, H, R, b, D))
+            dkr = torch.bmm(ds.transpose(1, 2), qr, out=ws("dk", BH * R, K * b, D))
             if isinstance(cols, slice):
-                dk[:, :, cols] += dkr.view(B, H, K, b, D)
-                dv[:, :, cols] += dvr.view(B, H, K, b, D)
+                dk.view(BH, nb * b, D)[:, :K * b] += dkr
+                dv.view(BH, nb * b, D)[:, :K * b] += dvr
             else:
                 dk.index_add_(2, cols, dkr.view(B, H, R * K, b, D))
                 dv.index_add_(2, cols, dvr.view(B, H, R * K, b, D))

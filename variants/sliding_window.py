@@ -26,7 +26,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import KeyMask, Variant, param, softmax_logsumexp, softmax_scale
+from .base import (KeyMask, Variant, Workspace, param, softmax_, softmax_lse_,
+                   softmax_scale)
 from .registry import register
 
 # Query-chunk rows: half the window, within these bounds. A chunk scores c + 2w keys per
@@ -223,16 +224,22 @@ class _BandRows(torch.autograd.Function):
         if keep:
             # float32 at least: a bfloat16 lse would shift every recomputed probability.
             lse = q.new_empty(B, H, nc * c, 1, dtype=torch.promote_types(q.dtype, torch.float32))
+        # (B H, rows, D) views: chunk t's queries, key span and output rows are slices of
+        # them, so each chunk is one bmm over B H with no copy; the scores go into one
+        # workspace buffer that every chunk reuses.
+        BH = B * H
+        q3, k3, v3, o3 = (t.view(BH, -1, D) for t in (qc, kp, vp, out))
+        s = Workspace(q)("s", BH, c, L)
         for t in range(nc):
             rows, span = slice(t * c, (t + 1) * c), slice(t * c, t * c + L)
-            s = qc[:, :, rows] @ kp[:, :, span].transpose(-1, -2)  # (B, H, c, L)
+            torch.bmm(q3[:, rows], k3[:, span].transpose(1, 2), out=s)
             for a, z, m in drop[t]:
                 s[..., a:z].masked_fill_(m, float("-inf"))
             if keep:
-                p, lse[:, :, rows] = softmax_logsumexp(s)
+                lse.view(BH, -1, 1)[:, rows] = softmax_lse_(s)
             else:
-                p = torch.softmax(s, dim=-1)
-            torch.matmul(p, vp[:, :, span], out=out[:, :, rows])
+                softmax_(s)
+            torch.bmm(s, v3[:, span], out=o3[:, rows])
         if keep:
             ctx.band = (w, c, L, N, drop)
             ctx.save_for_backward(qc, kp, vp, out, lse)
@@ -249,17 +256,23 @@ class _BandRows(torch.autograd.Function):
         delta = (dout * out).sum(dim=-1, keepdim=True)  # (B, H, nc c, 1): rowsum(dO * O)
         dq = torch.empty_like(qc)
         dk, dv = torch.zeros_like(kp), torch.zeros_like(vp)
+        BH = qc.shape[0] * qc.shape[1]
+        q3, k3, v3, do3, dq3, dk3, dv3 = (t.view(BH, -1, D) for t in (qc, kp, vp, dout, dq,
+                                                                      dk, dv))
+        lse3, delta3 = lse.view(BH, -1, 1), delta.view(BH, -1, 1)
+        ws = Workspace(qc)
+        s, ds = ws("s", BH, c, L), ws("ds", BH, c, L)
         for t in range(nc):
             rows, span = slice(t * c, (t + 1) * c), slice(t * c, t * c + L)
-            qt, do = qc[:, :, rows], dout[:, :, rows]  # (B, H, c, D)
-            ks, vs = kp[:, :, span], vp[:, :, span]  # (B, H, L, D)
-            s = qt @ ks.transpose(-1, -2)  # (B, H, c, L)
+            qt, do = q3[:, rows], do3[:, rows]  # (B H, c, D)
+            ks, vs = k3[:, span], v3[:, span]  # (B H, L, D)
+            torch.bmm(qt, ks.transpose(1, 2), out=s)
             for a, z, m in drop[t]:
                 s[..., a:z].masked_fill_(m, float("-inf"))
-            p = s.sub_(lse[:, :, rows]).exp_()  # the forward's probabilities
-            dv[:, :, span] += p.transpose(-1, -2) @ do
-            ds = (do @ vs.transpose(-1, -2)).sub_(delta[:, :, rows]).mul_(p)
-            torch.matmul(ds, ks, out=dq[:, :, rows])
-            dk[:, :, span] += ds.transpose(-1, -2) @ qt
+            p = s.sub_(lse3[:, rows]).exp_()  # the forward's probabilities
+            dv3[:, span].baddbmm_(p.transpose(1, 2), do)
+            torch.bmm(do, vs.transpose(1, 2), out=ds).sub_(delta3[:, rows]).mul_(p)
+            torch.bmm(ds, ks, out=dq3[:, rows])
+            dk3[:, span].baddbmm_(ds.transpose(1, 2), qt)
         dq = dq[:, :, :N].mul_(softmax_scale(D))
         return dq, dk[:, :, w:w + N], dv[:, :, w:w + N], None, None, None, None, None
