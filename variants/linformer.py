@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from .base import Variant, param, softmax_scale
+from .base import Variant, Workspace, param, softmax_, softmax_scale
 from .registry import register
 
 
@@ -94,14 +94,18 @@ def _softmax_forward(q, k, v, bias, budget, saved):
     q3, k3, v3 = q.reshape(BH, Nq, D), k.reshape(BH, Nk, D), v.reshape(BH, Nk, Dv)
     hb, rows = _blocks(BH, Nq, Nk, q.element_size(), budget)
     out = q.new_empty(BH, Nq, Dv)
+    # Without autograd one score buffer serves every block (a fresh block each time costs
+    # the allocator's page faults, see `Workspace`); under it each block's weights are kept.
+    ws = Workspace(q) if saved is None else None
     for h in range(0, BH, hb):
         kt, vh = k3[h:h + hb].transpose(-1, -2), v3[h:h + hb]  # (hb, D, Nk), (hb, Nk, Dv)
         for i in range(0, Nq, rows):
-            s = q3[h:h + hb, i:i + rows] @ kt  # (hb, r, Nk)
+            qb = q3[h:h + hb, i:i + rows]
+            s = torch.bmm(qb, kt, out=None if ws is None else ws("s", *qb.shape[:2], Nk))
             if bias is not None:
                 s += bias
-            p = torch.softmax(s, dim=-1)
-            out[h:h + hb, i:i + rows] = p @ vh  # (hb, r, Dv)
+            p = softmax_(s)
+            torch.bmm(p, vh, out=out[h:h + hb, i:i + rows])  # (hb, r, Dv)
             if saved is not None:
                 saved.append(p)
     return out.view(B, H, Nq, Dv)
@@ -133,15 +137,16 @@ class _SoftmaxAttention(torch.autograd.Function):
         dk = torch.zeros_like(k3)
         dv = torch.zeros_like(v3)
         blocks = iter(ps)
+        ws = Workspace(g3)
         for h in range(0, BH, hb):
             hs = slice(h, h + hb)
             for i in range(0, Nq, rows):
                 rs = slice(i, i + rows)
                 p, gb = next(blocks), g3[hs, rs]
                 dv[hs].baddbmm_(p.transpose(-1, -2), gb)
-                ds = gb @ v3[hs].transpose(-1, -2)  # (hb, r, Nk)
+                ds = torch.bmm(gb, v3[hs].transpose(-1, -2), out=ws("ds", *p.shape))
                 ds.sub_(torch.linalg.vecdot(gb, o3[hs, rs]).unsqueeze(-1)).mul_(p)
-                dq[hs, rs] = ds @ k3[hs]
+                torch.bmm(ds, k3[hs], out=dq[hs, rs])
                 dk[hs].baddbmm_(ds.transpose(-1, -2), q3[hs, rs])
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None, None
 
