@@ -261,10 +261,18 @@ def _count(sel) -> int:
     return sel.stop - sel.start if isinstance(sel, slice) else len(sel)
 
 
-def _rows(xp: torch.Tensor, sel, ws: Workspace, name: str) -> torch.Tensor:
+def _flat(sel: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Block indices `sel` (n,) of every (B H) slice as rows of a (B H nb, b D) view:
+    base (B H, 1) holds each slice's first row. A dim-0 index_select on that 2-d view is a
+    row copy, ~2.6x faster than index_select on dim 2 of the 5-d blocks (146 vs 381 us for
+    64 blocks at B H = 8, b = D = 64, two threads)."""
+    return (base + sel).view(-1)
+
+
+def _rows(xp: torch.Tensor, sel, base: torch.Tensor, ws: Workspace, name: str) -> torch.Tensor:
     """(B, H, nb, b, D) blocks -> the step's R row blocks as (B H R, b, D): a view for one
     row, else a copy into workspace buffer `name`."""
-    B, H, _, b, D = xp.shape
+    B, H, nb, b, D = xp.shape
     R = _count(sel)
     if R == 1:
         i = sel.start if isinstance(sel, slice) else int(sel[0])
@@ -273,19 +281,20 @@ def _rows(xp: torch.Tensor, sel, ws: Workspace, name: str) -> torch.Tensor:
     if isinstance(sel, slice):
         buf.copy_(xp[:, :, sel])
     else:
-        torch.index_select(xp, 2, sel, out=buf)
+        torch.index_select(xp.view(-1, b * D), 0, _flat(sel, base), out=buf.view(-1, b * D))
     return buf.view(B * H * R, b, D)
 
 
-def _keys(xp: torch.Tensor, cols, R: int, K: int, ws: Workspace, name: str) -> torch.Tensor:
+def _keys(xp: torch.Tensor, cols, R: int, K: int, base: torch.Tensor, ws: Workspace,
+          name: str) -> torch.Tensor:
     """(B, H, nb, b, D) blocks -> each of R rows' K blocks concatenated, (B H R, K b, D):
     a view for the leading blocks 0..K-1 (cols a slice, R = 1), else a copy into
     workspace buffer `name`."""
     B, H, nb, b, D = xp.shape
     if isinstance(cols, slice):
         return xp.view(B * H, nb * b, D)[:, :K * b]
-    buf = ws(name, B, H, R * K, b, D)
-    torch.index_select(xp, 2, cols, out=buf)
+    buf = ws(name, B * H * R * K, b * D)
+    torch.index_select(xp.view(-1, b * D), 0, _flat(cols, base), out=buf)
     return buf.view(B * H * R, K * b, D)
 
 
@@ -330,18 +339,20 @@ class _BlockRows(torch.autograd.Function):
         ws = Workspace(q)
         _reserve(ws, plan, B * H, b, D, {"s": "scores", "k": "keys", "v": "keys",
                                           "q": "row", "o": "row"})
+        base = torch.arange(0, B * H * nb, nb, device=q.device)[:, None]  # (B H, 1)
         for rows, cols, K, drop in plan:
             R = _count(rows)
-            s = torch.bmm(_rows(qp, rows, ws, "q"),
-                          _keys(kp, cols, R, K, ws, "k").transpose(1, 2),
+            s = torch.bmm(_rows(qp, rows, base, ws, "q"),
+                          _keys(kp, cols, R, K, base, ws, "k").transpose(1, 2),
                           out=ws("s", B * H * R, b, K * b))
             _mask(s.view(B, H, R, b, K * b), drop)
             if keep:
-                _put(lse, rows, softmax_lse_(s).view(B, H, R, b, 1))
+                _put(lse, rows, softmax_lse_(s).view(B, H, R, b, 1), base)
             else:
                 softmax_(s)
-            o = torch.bmm(s, _keys(vp, cols, R, K, ws, "v"), out=ws("o", B * H * R, b, D))
-            _put(out, rows, o.view(B, H, R, b, D))
+            o = torch.bmm(s, _keys(vp, cols, R, K, base, ws, "v"),
+                          out=ws("o", B * H * R, b, D))
+            _put(out, rows, o.view(B, H, R, b, D), base)
         if keep:
             ctx.plan, ctx.N = plan, N
             ctx.save_for_backward(qp, kp, vp, out, lse)
@@ -361,10 +372,12 @@ class _BlockRows(torch.autograd.Function):
         _reserve(ws, ctx.plan, BH, b, D, {"s": "scores", "dp": "scores", "dk": "keys",
                                           "dv": "keys", "k": "keys", "v": "keys",
                                           "q": "row", "do": "row", "o": "row"})
+        base = torch.arange(0, BH * nb, nb, device=qp.device)[:, None]  # (B H, 1)
         for rows, cols, K, drop in ctx.plan:
             R = _count(rows)
-            qr, do = _rows(qp, rows, ws, "q"), _rows(dout, rows, ws, "do")  # (BH R, b, D)
-            kr, vr = _keys(kp, cols, R, K, ws, "k"), _keys(vp, cols, R, K, ws, "v")
+            qr, do = _rows(qp, rows, base, ws, "q"), _rows(dout, rows, base, ws, "do")
+            kr = _keys(kp, cols, R, K, base, ws, "k")  # (B H R, K b, D)
+            vr = _keys(vp, cols, R, K, base, ws, "v")
             s = torch.bmm(qr, kr.transpose(1, 2), out=ws("s", BH * R, b, K * b))
             _mask(s.view(B, H, R, b, K * b), drop)
             p = s.sub_(_take(lse, rows).reshape(BH * R, b, 1)).exp_()  # the forward's
@@ -372,23 +385,25 @@ class _BlockRows(torch.autograd.Function):
             ds = torch.bmm(do, vr.transpose(1, 2), out=ws("dp", BH * R, b, K * b))
             ds.sub_(_take(delta, rows).reshape(BH * R, b, 1)).mul_(p)
             dqr = torch.bmm(ds, kr, out=ws("o", BH * R, b, D))
-            _put(dq, rows, dqr.view(B, H, R, b, D))
+            _put(dq, rows, dqr.view(B, H, R, b, D), base)
             dkr = torch.bmm(ds.transpose(1, 2), qr, out=ws("dk", BH * R, K * b, D))
             if isinstance(cols, slice):
                 dk.view(BH, nb * b, D)[:, :K * b] += dkr
                 dv.view(BH, nb * b, D)[:, :K * b] += dvr
             else:
-                dk.index_add_(2, cols, dkr.view(B, H, R * K, b, D))
-                dv.index_add_(2, cols, dvr.view(B, H, R * K, b, D))
+                at = _flat(cols, base)
+                dk.view(-1, b * D).index_add_(0, at, dkr.view(-1, b * D))
+                dv.view(-1, b * D).index_add_(0, at, dvr.view(-1, b * D))
         N = ctx.N
         dq = dq.view(B, H, nb * b, D)[:, :, :N].mul_(softmax_scale(D))
         dk, dv = (t.view(B, H, nb * b, D)[:, :, :N] for t in (dk, dv))
         return dq, dk, dv, None, None
 
 
-def _put(x: torch.Tensor, sel, value: torch.Tensor) -> None:
-    """x[:, :, sel] = value, for a slice or a long tensor."""
+def _put(x: torch.Tensor, sel, value: torch.Tensor, base: torch.Tensor) -> None:
+    """x[:, :, sel] = value, for a slice or a long tensor; x (B, H, nb, b, E) contiguous."""
     if isinstance(sel, slice):
         x[:, :, sel] = value
     else:
-        x.index_copy_(2, sel, value)
+        E = x.shape[3] * x.shape[4]
+        x.view(-1, E).index_copy_(0, _flat(sel, base), value.reshape(-1, E))
