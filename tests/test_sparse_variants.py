@@ -240,3 +240,38 @@ def test_block_sparse_backward_saves_only_inputs_output_and_logsumexp(causal):
     assert sum(saved) <= 4 * padded * D + padded + 2 * N * D  # + the scaling of q
     o.sum().backward()
     assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_in_place_softmax_matches_torch_softmax(dtype):
+    """softmax_ writes over its input (the sparse kernels' score buffers): it must equal
+    torch.softmax on a copy, masked (-inf) entries included, and softmax_lse_ must return
+    torch.logsumexp beside it."""
+    from variants.base import softmax_, softmax_lse_
+    s = torch.randn(3, 5, 70, generator=torch.Generator().manual_seed(0)).mul_(4).to(dtype)
+    s[..., 40:].masked_fill_(torch.rand(3, 5, 30, generator=torch.Generator().manual_seed(1))
+                             < 0.5, float("-inf"))
+    want, want_lse = torch.softmax(s, dim=-1), torch.logsumexp(s.double(), dim=-1, keepdim=True)
+    got = s.clone()
+    assert softmax_(got) is got
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    got = s.clone()
+    lse = softmax_lse_(got)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(lse.double(), want_lse, rtol=tol, atol=tol)
+
+
+def test_workspace_reuses_one_buffer_and_grows():
+    """Views of one name share storage until a larger shape is asked for (the point: a call
+    allocates each buffer once)."""
+    from variants.base import Workspace
+    ws = Workspace(torch.empty(0, dtype=torch.float64))
+    a = ws("s", 4, 8)
+    b = ws("s", 2, 8)
+    assert a.dtype == torch.float64 and b.shape == (2, 8)
+    assert b.data_ptr() == a.data_ptr()
+    c = ws("s", 10, 8)
+    assert c.shape == (10, 8) and c.data_ptr() != a.data_ptr()
+    assert ws("s", 3, 3).data_ptr() == c.data_ptr()
+    assert ws("other", 2).data_ptr() != c.data_ptr()
