@@ -275,3 +275,30 @@ def test_workspace_reuses_one_buffer_and_grows():
     assert c.shape == (10, 8) and c.data_ptr() != a.data_ptr()
     assert ws("s", 3, 3).data_ptr() == c.data_ptr()
     assert ws("other", 2).data_ptr() != c.data_ptr()
+
+
+@pytest.mark.parametrize("name,params,N", [
+    ("sliding_window", {"window": 0}, 40), ("sliding_window", {"window": 5}, 37),
+    ("block_sparse", {"block_size": 8}, 64), ("block_sparse", {"block_size": 8}, 61)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_inputs_give_the_contiguous_answer_and_gradients(name, params, N, causal):
+    """q, k, v as a model makes them, (B, N, H, D) transposed to (B, H, N, D), strided:
+    the kernels work on (B H, rows, D) views of their padded copies, so a padding with
+    nothing to pad (window 0, N a multiple of the block) must still copy, and the key and
+    value gradients must land in the caller's layout."""
+    g = torch.Generator().manual_seed(3)
+    base = [torch.randn(2, N, 3, 8, generator=g, dtype=torch.float64) for _ in range(3)]
+    m = variants.build(name, **params)
+    outs, grads = [], []
+    for strided in (True, False):
+        xs = [(t.clone() if strided else t.transpose(1, 2).contiguous()).requires_grad_(True)
+              for t in base]
+        q, k, v = (x.transpose(1, 2) if strided else x for x in xs)
+        assert q.is_contiguous() is not strided
+        out = m(q, k, v, causal=causal)
+        out.backward(torch.ones_like(out))
+        outs.append(out.detach())
+        grads.append([(x.grad.transpose(1, 2) if strided else x.grad) for x in xs])
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads[0], grads[1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -329,8 +329,8 @@ class _BlockRows(torch.autograd.Function):
         qp = q.new_zeros(B, H, nb * b, D) if pad else q.new_empty(B, H, N, D)
         torch.mul(q, softmax_scale(D), out=qp[:, :, :N])
         qp = qp.view(B, H, nb, b, D)
-        kp, vp = ((F.pad(t, (0, 0, 0, pad)) if pad or not t.is_contiguous() else t).view(
-            B, H, nb, b, D) for t in (k, v))
+        kp, vp = ((F.pad(t, (0, 0, 0, pad)) if pad else t).contiguous().view(B, H, nb, b, D)
+                  for t in (k, v))
         out = q.new_empty(B, H, nb, b, D)
         keep = any(ctx.needs_input_grad[:3])  # else nothing is saved: no log-sum-exp needed
         if keep:

@@ -214,8 +214,10 @@ class _BandRows(torch.autograd.Function):
         nc = math.ceil(N / c)
         # Keys/values padded so chunk t's span starts at padded row t c (= token t c - w).
         right = nc * c - N + (0 if causal else w)
-        kp = F.pad(k, (0, 0, w, right))  # (B, H, (nc - 1) c + L, D)
-        vp = F.pad(v, (0, 0, w, right))
+        # Contiguous (F.pad with nothing to pad may return its input, strided): the chunks
+        # are slices of (B H, rows, D) views, and the gradients' layouts follow these.
+        kp = F.pad(k, (0, 0, w, right)).contiguous()  # (B, H, (nc - 1) c + L, D)
+        vp = F.pad(v, (0, 0, w, right)).contiguous()
         # The scale goes on q (N D products) rather than on the scores (N L).
         qc = q.new_zeros(B, H, nc * c, D) if nc * c > N else q.new_empty(B, H, N, D)
         torch.mul(q, softmax_scale(D), out=qc[:, :, :N])
