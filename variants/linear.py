@@ -44,7 +44,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import Variant, param, softmax_logsumexp
+from .base import Variant, param, softmax_, softmax_logsumexp, softmax_lse_
 from .linear_core import (FeatureMap, block_rows, causal_linear_attention, core_flops,
                           kernel_attention, kernel_weights, sequence_features)
 from .registry import register
@@ -127,11 +127,17 @@ class FavorFeatures(FeatureMap):
         # x arrives as a slice of the sequence, strided across heads; matmul runs it as one
         # (B H r, D) x (D, m) product only if it is contiguous (else a batched product with
         # the projection expanded per head, measured ~1.5x slower here).
-        return torch.softmax(x.contiguous() @ self.w_t, dim=-1)  # (B, H, r, m)
+        u = x.contiguous() @ self.w_t  # (B, H, r, m)
+        # Without autograd (the cores) the softmax overwrites u: one (r, m) block, not two.
+        return torch.softmax(u, dim=-1) if u.requires_grad else softmax_(u)
 
     def key(self, x):
         x = x.contiguous()
-        p, lse = _SoftmaxLogSumExp.apply(x @ self.w_t)  # (B, H, r, m), (B, H, r, 1)
+        u = x @ self.w_t  # (B, H, r, m)
+        if u.requires_grad:
+            p, lse = _SoftmaxLogSumExp.apply(u)  # (B, H, r, m), (B, H, r, 1)
+        else:
+            p, lse = u, softmax_lse_(u)
         return p, lse - x.square().sum(dim=-1, keepdim=True) * (self.s2 / 2) - self.half_log_m
 
     def query_grad(self, x, f, df):
