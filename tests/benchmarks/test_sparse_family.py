@@ -1,0 +1,60 @@
+"""pytest-benchmark of the sparse variants at the roofline's size, and causal block_sparse
+beside compiled flex attention on the same layout.
+
+    python -m pytest tests/benchmarks/test_sparse_family.py --benchmark-only --benchmark-autosave
+    python -m pytest tests/benchmarks/test_sparse_family.py --benchmark-only --benchmark-compare
+
+B=1, float32 on CPU, default parameters. sliding_window and block_sparse at H=8, N=8192,
+D=64, non-causal and causal, forward and forward+backward; then causal block_sparse and
+block_sparse_flex forward at H=4, N=16384 (flex compiled in `prepare`, outside the timed
+rounds). Each case's analytic FLOPs (`flops()`, x3 with the backward) is in its
+`extra_info`; `python -m harness.measure.roofline` sets the same cases against the
+machine's matmul rate.
+"""
+
+import pytest
+import torch
+
+import variants
+
+D = 64
+
+
+def _inputs(H, N, backward):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, H, N, D, generator=g).requires_grad_(backward) for _ in range(3)]
+
+
+def _run(benchmark, name, H, N, causal, backward, group):
+    m = variants.build(name)
+    q, k, v = _inputs(H, N, backward)
+    reasons = m.unsupported_reasons(device="cpu", dtype=q.dtype, causal=causal, seq_len=N,
+                                    head_dim=D, backward=backward)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    m.prepare(q, k, v, causal, backward=backward)  # a compile: never in a timed round
+    benchmark.group = group
+    benchmark.extra_info["gflop"] = m.flops(1, H, N, D, causal) * (3 if backward else 1) / 1e9
+
+    def step():
+        if backward:
+            q.grad = k.grad = v.grad = None
+            m(q, k, v, causal=causal).sum().backward()
+        else:
+            with torch.no_grad():
+                m(q, k, v, causal=causal)
+
+    benchmark(step)
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "forward_backward"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", ["sliding_window", "block_sparse"])
+def test_sparse_family(benchmark, name, causal, backward):
+    _run(benchmark, name, 8, 8192, causal, backward,
+         f"{'forward_backward' if backward else 'forward'} N=8192")
+
+
+@pytest.mark.parametrize("name", ["block_sparse", "block_sparse_flex"])
+def test_causal_block_sparse_beside_flex(benchmark, name):
+    _run(benchmark, name, 4, 16384, True, False, "causal forward N=16384 H=4")
