@@ -132,6 +132,32 @@ def test_backward_over_many_chunks_and_steps(name, params, causal):
             assert any(d is not None and d[1].shape[0] > 1 for _, _, _, d in plan)
 
 
+@pytest.mark.parametrize("chunks", [1, 3])  # one chunk at a time (corner runs); groups of 3
+@pytest.mark.parametrize("causal", [False, True])
+def test_sliding_window_chunk_groups(monkeypatch, chunks, causal):
+    """sliding_window takes small chunks several at a time (one matmul over a group, the
+    whole mask) and large ones alone (only their masked corner runs): both, and a last
+    group shorter than the rest (10 chunks in groups of 3), match the dense float64 form,
+    forward and gradients."""
+    import variants.sliding_window as sw
+    N, B, H = 300, 2, 3
+    m = variants.build("sliding_window", window=40)
+    w, c, L = sw.band_span(40, N, causal)
+    monkeypatch.setattr(sw, "_GROUP_BYTES", chunks * B * H * c * L * 8)
+    assert sw.group_chunks(B, H, c, L, 8) == chunks and math.ceil(N / c) == 10
+    inputs = [t.requires_grad_(True) for t in qkv(N, torch.float64, B=B, H=H)]
+    ref_inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    go = torch.randn(inputs[0].shape, dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(4))
+    o = m(*inputs, causal)
+    o.backward(go)
+    ref = naive_attention(*ref_inputs, causal, key_mask=m.key_mask(N))
+    ref.backward(go)
+    torch.testing.assert_close(o, ref, rtol=1e-9, atol=1e-10)
+    for got, want in zip(inputs, ref_inputs):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-9, atol=1e-10)
+
+
 # -- block_sparse layout -------------------------------------------------------------------
 
 def bigbird_rule(nb, window_blocks, global_blocks):

@@ -174,9 +174,17 @@ class SlidingWindow(Variant):
         if N == 0:
             return q.clone()
         w, c, L = band_span(self.params.window, N, causal)
-        drop = self._masks.get((N, causal, q.device), lambda: mask_runs(band_drop_mask(
-            N, w, c, L, causal), q.device))
-        return _BandRows.apply(q, k, v, w, c, L, causal, drop)[:, :, :N]
+        # Small chunks (a narrow window) are taken G at a time, one matmul over (B H, G)
+        # with the whole (G, c, L) mask; a chunk that fills a group on its own masks only
+        # its corner runs.
+        G = group_chunks(B, H, c, L, q.element_size())
+        if G > 1:
+            drop = self._masks.get((N, causal, q.device, "full"), lambda: band_drop_mask(
+                N, w, c, L, causal).to(q.device))
+        else:
+            drop = self._masks.get((N, causal, q.device), lambda: mask_runs(band_drop_mask(
+                N, w, c, L, causal), q.device))
+        return _BandRows.apply(q, k, v, w, c, L, causal, drop, G)[:, :, :N]
 
 
 def mask_runs(drop: torch.Tensor, device) -> list[list[tuple[int, int, torch.Tensor]]]:
@@ -197,6 +205,59 @@ def mask_runs(drop: torch.Tensor, device) -> list[list[tuple[int, int, torch.Ten
     return runs
 
 
+def _spans(x3: torch.Tensor, t0: int, G: int, c: int, L: int) -> torch.Tensor:
+    """Chunks t0 .. t0 + G - 1's key spans of x3 (B H, rows, D) as one overlapping view
+    (B H, G, L, D): chunk t's span is rows [t c, t c + L)."""
+    BH, _, D = x3.shape
+    return x3.as_strided((BH, G, L, D), (x3.stride(0), c * D, D, 1),
+                         x3.storage_offset() + t0 * c * D)
+
+
+def _grouped_forward(q3, k3, v3, o3, lse3, c: int, L: int, drop: torch.Tensor, G: int,
+                     ws: Workspace) -> None:
+    """The forward G chunks at a time: one (B H, G, c, L) score block a group (matmul
+    copies the overlapping spans once), masked by the whole (G, c, L) drop mask."""
+    BH, P, D = q3.shape
+    nc = P // c
+    for t0 in range(0, nc, G):
+        g = min(G, nc - t0)
+        rows = slice(t0 * c, (t0 + g) * c)
+        s = torch.matmul(q3[:, rows].view(BH, g, c, D), _spans(k3, t0, g, c, L).transpose(-1, -2),
+                         out=ws("s", BH, g, c, L))
+        s.masked_fill_(drop[t0:t0 + g], float("-inf"))
+        if lse3 is not None:
+            lse3[:, rows] = softmax_lse_(s).view(BH, g * c, 1)
+        else:
+            softmax_(s)
+        o3[:, rows] = torch.matmul(s, _spans(v3, t0, g, c, L), out=ws("o", BH, g, c, D)).view(
+            BH, g * c, D)
+
+
+def _grouped_backward(q3, k3, v3, do3, lse3, delta3, dq3, dk3, dv3, c: int, L: int,
+                      drop: torch.Tensor, G: int, ws: Workspace) -> None:
+    """The backward G chunks at a time, as `_grouped_forward`; each chunk's key and value
+    gradients are added into its span one chunk after another (the spans overlap)."""
+    BH, P, D = q3.shape
+    nc = P // c
+    for t0 in range(0, nc, G):
+        g = min(G, nc - t0)
+        rows = slice(t0 * c, (t0 + g) * c)
+        qt, do = q3[:, rows].view(BH, g, c, D), do3[:, rows].view(BH, g, c, D)
+        ks, vs = _spans(k3, t0, g, c, L), _spans(v3, t0, g, c, L)
+        s = torch.matmul(qt, ks.transpose(-1, -2), out=ws("s", BH, g, c, L))
+        s.masked_fill_(drop[t0:t0 + g], float("-inf"))
+        p = s.sub_(lse3[:, rows].view(BH, g, c, 1)).exp_()  # the forward's probabilities
+        dvs = torch.matmul(p.transpose(-1, -2), do, out=ws("dv", BH, g, L, D))
+        ds = torch.matmul(do, vs.transpose(-1, -2), out=ws("ds", BH, g, c, L))
+        ds.sub_(delta3[:, rows].view(BH, g, c, 1)).mul_(p)
+        dq3[:, rows] = torch.matmul(ds, ks, out=ws("dq", BH, g, c, D)).view(BH, g * c, D)
+        dks = torch.matmul(ds.transpose(-1, -2), qt, out=ws("dk", BH, g, L, D))
+        for j in range(g):
+            span = slice((t0 + j) * c, (t0 + j) * c + L)
+            dk3[:, span] += dks[:, j]
+            dv3[:, span] += dvs[:, j]
+
+
 class _BandRows(torch.autograd.Function):
     """Exact softmax attention of each c-row query chunk over its contiguous key span.
 
@@ -209,7 +270,7 @@ class _BandRows(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, w, c, L, causal, drop):
+    def forward(ctx, q, k, v, w, c, L, causal, drop, G):
         B, H, N, D = q.shape
         nc = math.ceil(N / c)
         # Keys/values padded so chunk t's span starts at padded row t c (= token t c - w).
@@ -231,19 +292,23 @@ class _BandRows(torch.autograd.Function):
         # workspace buffer that every chunk reuses.
         BH = B * H
         q3, k3, v3, o3 = (t.view(BH, -1, D) for t in (qc, kp, vp, out))
-        s = Workspace(q)("s", BH, c, L)
-        for t in range(nc):
-            rows, span = slice(t * c, (t + 1) * c), slice(t * c, t * c + L)
-            torch.bmm(q3[:, rows], k3[:, span].transpose(1, 2), out=s)
-            for a, z, m in drop[t]:
-                s[..., a:z].masked_fill_(m, float("-inf"))
-            if keep:
-                lse.view(BH, -1, 1)[:, rows] = softmax_lse_(s)
-            else:
-                softmax_(s)
-            torch.bmm(s, v3[:, span], out=o3[:, rows])
+        lse3 = lse.view(BH, -1, 1) if keep else None
+        if G > 1:
+            _grouped_forward(q3, k3, v3, o3, lse3, c, L, drop, G, Workspace(q))
+        else:
+            s = Workspace(q)("s", BH, c, L)
+            for t in range(nc):
+                rows, span = slice(t * c, (t + 1) * c), slice(t * c, t * c + L)
+                torch.bmm(q3[:, rows], k3[:, span].transpose(1, 2), out=s)
+                for a, z, m in drop[t]:
+                    s[..., a:z].masked_fill_(m, float("-inf"))
+                if keep:
+                    lse3[:, rows] = softmax_lse_(s)
+                else:
+                    softmax_(s)
+                torch.bmm(s, v3[:, span], out=o3[:, rows])
         if keep:
-            ctx.band = (w, c, L, N, drop)
+            ctx.band = (w, c, L, N, drop, G)
             ctx.save_for_backward(qc, kp, vp, out, lse)
         return out
 
@@ -251,7 +316,7 @@ class _BandRows(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         qc, kp, vp, out, lse = ctx.saved_tensors
-        w, c, L, N, drop = ctx.band
+        w, c, L, N, drop, G = ctx.band
         D = qc.shape[-1]
         nc = math.ceil(N / c)
         dout = dout.contiguous()
@@ -263,18 +328,21 @@ class _BandRows(torch.autograd.Function):
                                                                       dk, dv))
         lse3, delta3 = lse.view(BH, -1, 1), delta.view(BH, -1, 1)
         ws = Workspace(qc)
-        s, ds = ws("s", BH, c, L), ws("ds", BH, c, L)
-        for t in range(nc):
-            rows, span = slice(t * c, (t + 1) * c), slice(t * c, t * c + L)
-            qt, do = q3[:, rows], do3[:, rows]  # (B H, c, D)
-            ks, vs = k3[:, span], v3[:, span]  # (B H, L, D)
-            torch.bmm(qt, ks.transpose(1, 2), out=s)
-            for a, z, m in drop[t]:
-                s[..., a:z].masked_fill_(m, float("-inf"))
-            p = s.sub_(lse3[:, rows]).exp_()  # the forward's probabilities
-            dv3[:, span].baddbmm_(p.transpose(1, 2), do)
-            torch.bmm(do, vs.transpose(1, 2), out=ds).sub_(delta3[:, rows]).mul_(p)
-            torch.bmm(ds, ks, out=dq3[:, rows])
-            dk3[:, span].baddbmm_(ds.transpose(1, 2), qt)
+        if G > 1:
+            _grouped_backward(q3, k3, v3, do3, lse3, delta3, dq3, dk3, dv3, c, L, drop, G, ws)
+        else:
+            s, ds = ws("s", BH, c, L), ws("ds", BH, c, L)
+            for t in range(nc):
+                rows, span = slice(t * c, (t + 1) * c), slice(t * c, t * c + L)
+                qt, do = q3[:, rows], do3[:, rows]  # (B H, c, D)
+                ks, vs = k3[:, span], v3[:, span]  # (B H, L, D)
+                torch.bmm(qt, ks.transpose(1, 2), out=s)
+                for a, z, m in drop[t]:
+                    s[..., a:z].masked_fill_(m, float("-inf"))
+                p = s.sub_(lse3[:, rows]).exp_()  # the forward's probabilities
+                dv3[:, span].baddbmm_(p.transpose(1, 2), do)
+                torch.bmm(do, vs.transpose(1, 2), out=ds).sub_(delta3[:, rows]).mul_(p)
+                torch.bmm(ds, ks, out=dq3[:, rows])
+                dk3[:, span].baddbmm_(ds.transpose(1, 2), qt)
         dq = dq[:, :, :N].mul_(softmax_scale(D))
-        return dq, dk[:, :, w:w + N], dv[:, :, w:w + N], None, None, None, None, None
+        return dq, dk[:, :, w:w + N], dv[:, :, w:w + N], None, None, None, None, None, None
