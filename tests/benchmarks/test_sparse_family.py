@@ -7,8 +7,9 @@ beside compiled flex attention on the same layout.
 B=1, float32 on CPU, default parameters. sliding_window and block_sparse at H=8, N=8192,
 D=64, non-causal and causal, forward and forward+backward; then causal block_sparse and
 block_sparse_flex forward at H=4, N=16384 (flex compiled in `prepare`, outside the timed
-rounds). Each case's analytic FLOPs (`flops()`, x3 with the backward) is in its
-`extra_info`; `python -m harness.measure.roofline` sets the same cases against the
+rounds), and a narrow sliding_window(window=64) forward at H=4, N=16384, causal and not.
+Each case's analytic FLOPs (`flops()`, x3 with the backward) is in its `extra_info`;
+`python -m harness.measure.roofline` sets the default-parameter cases against the
 machine's matmul rate.
 """
 
@@ -58,3 +59,19 @@ def test_sparse_family(benchmark, name, causal, backward):
 @pytest.mark.parametrize("name", ["block_sparse", "block_sparse_flex"])
 def test_causal_block_sparse_beside_flex(benchmark, name):
     _run(benchmark, name, 4, 16384, True, False, "causal forward N=16384 H=4")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_narrow_window(benchmark, causal):
+    """window=64 at H=4, N=16384 (the reference answers' setting): 512 chunks of 32 rows,
+    taken in groups."""
+    m = variants.build("sliding_window", window=64)
+    q, k, v = _inputs(4, 16384, False)
+    benchmark.group = "sliding_window(window=64) forward N=16384 H=4"
+    benchmark.extra_info["gflop"] = m.flops(1, 4, 16384, D, causal) / 1e9
+
+    def step():
+        with torch.no_grad():
+            m(q, k, v, causal=causal)
+
+    benchmark(step)
