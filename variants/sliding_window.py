@@ -7,8 +7,9 @@ Blocked scheme: queries are split into chunks of c rows; chunk [s, s + c) scores
 contiguous key span [s - w, s + c + w) (causal: [s - w, s + c)), rows of the zero-padded
 keys taken as a view, and the band is masked inside that small (c, L) block, L = c + 2w
 (causal c + w). One chunk is one batched matmul over B H for the scores and one for the
-values, the (B, H, c, L) scores cache-sized; time and memory, forward and backward, are
-O(N (c + 2w) D): never an N x N matrix.
+values, the (B, H, c, L) scores cache-sized; chunks too small to fill that budget (a
+narrow window) go G at a time, one matmul over (B H, G) spans. Time and memory, forward
+and backward, are O(N (c + 2w) D): never an N x N matrix.
 
 Backward (`_BandRows`, FlashAttention's recomputation: Dao et al. 2022,
 https://arxiv.org/abs/2205.14135, Algorithm 4 without tiling): the forward saves q (scaled,
