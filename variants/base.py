@@ -233,10 +233,14 @@ def softmax_logsumexp(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def softmax_(s: torch.Tensor) -> torch.Tensor:
     """softmax(s) over the last dim, written over s (no autograd); returns s.
 
-    aten's CPU and CUDA softmax read each row's max and sum before writing it, so the
-    output may alias the input; tests/test_sparse_variants.py holds it to torch.softmax.
+    On the CPU, aten's softmax reads each row's max and sum before writing that row, so
+    its output may alias its input (tests/test_sparse_variants.py holds it to
+    torch.softmax). Elsewhere that is not verified here: softmax into a new tensor, then
+    copied over s.
     """
-    return torch.ops.aten._softmax.out(s, -1, False, out=s)
+    if s.device.type == "cpu":
+        return torch.ops.aten._softmax.out(s, -1, False, out=s)
+    return s.copy_(torch.softmax(s, dim=-1))
 
 
 def softmax_lse_(s: torch.Tensor) -> torch.Tensor:
