@@ -11,11 +11,10 @@ the machine's matmul rate.
 """
 
 import pytest
-import torch
 
-import variants
+from bench_case import run_case
 
-N, H, D = 8192, 8, 64
+N, H = 8192, 8
 CASES = [("linear", False), ("linear", True), ("performer", False), ("performer", True),
          ("linformer", False), ("nystrom", False)]
 
@@ -24,18 +23,5 @@ CASES = [("linear", False), ("linear", True), ("performer", False), ("performer"
 @pytest.mark.parametrize("name,causal", CASES, ids=[f"{n}-{'causal' if c else 'full'}"
                                                     for n, c in CASES])
 def test_linear_family(benchmark, name, causal, backward):
-    m = variants.build(name)
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, H, N, D, generator=g).requires_grad_(backward) for _ in range(3))
-    benchmark.group = f"{'forward_backward' if backward else 'forward'} N={N}"
-    benchmark.extra_info["gflop"] = m.flops(1, H, N, D, causal) * (3 if backward else 1) / 1e9
-
-    def step():
-        if backward:
-            q.grad = k.grad = v.grad = None
-            m(q, k, v, causal=causal).sum().backward()
-        else:
-            with torch.no_grad():
-                m(q, k, v, causal=causal)
-
-    benchmark(step)
+    run_case(benchmark, name, H, N, causal, backward,
+             f"{'forward_backward' if backward else 'forward'} N={N}")

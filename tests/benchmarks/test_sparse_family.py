@@ -14,64 +14,26 @@ machine's matmul rate.
 """
 
 import pytest
-import torch
 
-import variants
-
-D = 64
-
-
-def _inputs(H, N, backward):
-    g = torch.Generator().manual_seed(0)
-    return [torch.randn(1, H, N, D, generator=g).requires_grad_(backward) for _ in range(3)]
-
-
-def _run(benchmark, name, H, N, causal, backward, group):
-    m = variants.build(name)
-    q, k, v = _inputs(H, N, backward)
-    reasons = m.unsupported_reasons(device="cpu", dtype=q.dtype, causal=causal, seq_len=N,
-                                    head_dim=D, backward=backward)
-    if reasons:
-        pytest.skip("; ".join(reasons))
-    m.prepare(q, k, v, causal, backward=backward)  # a compile: never in a timed round
-    benchmark.group = group
-    benchmark.extra_info["gflop"] = m.flops(1, H, N, D, causal) * (3 if backward else 1) / 1e9
-
-    def step():
-        if backward:
-            q.grad = k.grad = v.grad = None
-            m(q, k, v, causal=causal).sum().backward()
-        else:
-            with torch.no_grad():
-                m(q, k, v, causal=causal)
-
-    benchmark(step)
+from bench_case import run_case
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "forward_backward"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("name", ["sliding_window", "block_sparse"])
 def test_sparse_family(benchmark, name, causal, backward):
-    _run(benchmark, name, 8, 8192, causal, backward,
-         f"{'forward_backward' if backward else 'forward'} N=8192")
+    run_case(benchmark, name, 8, 8192, causal, backward,
+             f"{'forward_backward' if backward else 'forward'} N=8192")
 
 
 @pytest.mark.parametrize("name", ["block_sparse", "block_sparse_flex"])
 def test_causal_block_sparse_beside_flex(benchmark, name):
-    _run(benchmark, name, 4, 16384, True, False, "causal forward N=16384 H=4")
+    run_case(benchmark, name, 4, 16384, True, False, "causal forward N=16384 H=4")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_narrow_window(benchmark, causal):
     """window=64 at H=4, N=16384 (the reference answers' setting): 512 chunks of 32 rows,
     taken in groups."""
-    m = variants.build("sliding_window", window=64)
-    q, k, v = _inputs(4, 16384, False)
-    benchmark.group = "sliding_window(window=64) forward N=16384 H=4"
-    benchmark.extra_info["gflop"] = m.flops(1, 4, 16384, D, causal) / 1e9
-
-    def step():
-        with torch.no_grad():
-            m(q, k, v, causal=causal)
-
-    benchmark(step)
+    run_case(benchmark, "sliding_window", 4, 16384, causal, False,
+             "sliding_window(window=64) forward N=16384 H=4", window=64)
