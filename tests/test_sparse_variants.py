@@ -288,6 +288,25 @@ def test_in_place_softmax_matches_torch_softmax(dtype):
     torch.testing.assert_close(lse.double(), want_lse, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_in_place_is_exp_to_its_bound(dtype):
+    """exp_ (exp2(x log2 e), written over x) against float64 torch.exp: within the bound
+    its docstring states, |x| eps relative from rounding log2 e and x log2 e, plus two
+    units in the last place; -inf gives 0, as the recomputed probabilities of masked
+    scores need."""
+    from variants.base import exp_
+    x = torch.linspace(-80, 80, 20001, dtype=torch.float64).to(dtype)
+    x[::7] = torch.randn(len(x[::7]), generator=torch.Generator().manual_seed(0),
+                         dtype=torch.float64).mul_(4).to(dtype)
+    want = torch.exp(x.double())
+    got = x.clone()
+    assert exp_(got) is got
+    eps = torch.finfo(dtype).eps
+    rel = (got.double() - want).abs() / want
+    assert bool((rel <= x.double().abs() * eps + 2 * eps).all()), rel.max()
+    assert exp_(torch.tensor([float("-inf"), 0.0], dtype=dtype)).tolist() == [0.0, 1.0]
+
+
 def test_workspace_reuses_one_buffer_and_grows():
     """Views of one name share storage until a larger shape is asked for (the point: a call
     allocates each buffer once)."""

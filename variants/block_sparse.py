@@ -44,7 +44,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import (KeyMask, Variant, Workspace, param, softmax_, softmax_lse_,
+from .base import (KeyMask, Variant, Workspace, exp_, param, softmax_, softmax_lse_,
                    softmax_scale)
 from .registry import register
 
@@ -380,7 +380,7 @@ class _BlockRows(torch.autograd.Function):
             vr = _keys(vp, cols, R, K, base, ws, "v")
             s = torch.bmm(qr, kr.transpose(1, 2), out=ws("s", BH * R, b, K * b))
             _mask(s.view(B, H, R, b, K * b), drop)
-            p = s.sub_(_take(lse, rows).reshape(BH * R, b, 1)).exp_()  # the forward's
+            p = exp_(s.sub_(_take(lse, rows).reshape(BH * R, b, 1)))  # the forward's
             dvr = torch.bmm(p.transpose(1, 2), do, out=ws("dv", BH * R, K * b, D))
             ds = torch.bmm(do, vr.transpose(1, 2), out=ws("dp", BH * R, b, K * b))
             ds.sub_(_take(delta, rows).reshape(BH * R, b, 1)).mul_(p)

@@ -27,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import (KeyMask, Variant, Workspace, param, softmax_, softmax_lse_,
+from .base import (KeyMask, Variant, Workspace, exp_, param, softmax_, softmax_lse_,
                    softmax_scale)
 from .registry import register
 
@@ -247,7 +247,7 @@ def _grouped_backward(q3, k3, v3, do3, lse3, delta3, dq3, dk3, dv3, c: int, L: i
         ks, vs = _spans(k3, t0, g, c, L), _spans(v3, t0, g, c, L)
         s = torch.matmul(qt, ks.transpose(-1, -2), out=ws("s", BH, g, c, L))
         s.masked_fill_(drop[t0:t0 + g], float("-inf"))
-        p = s.sub_(lse3[:, rows].view(BH, g, c, 1)).exp_()  # the forward's probabilities
+        p = exp_(s.sub_(lse3[:, rows].view(BH, g, c, 1)))  # the forward's probabilities
         dvs = torch.matmul(p.transpose(-1, -2), do, out=ws("dv", BH, g, L, D))
         ds = torch.matmul(do, vs.transpose(-1, -2), out=ws("ds", BH, g, c, L))
         ds.sub_(delta3[:, rows].view(BH, g, c, 1)).mul_(p)
@@ -340,7 +340,7 @@ class _BandRows(torch.autograd.Function):
                 torch.bmm(qt, ks.transpose(1, 2), out=s)
                 for a, z, m in drop[t]:
                     s[..., a:z].masked_fill_(m, float("-inf"))
-                p = s.sub_(lse3[:, rows]).exp_()  # the forward's probabilities
+                p = exp_(s.sub_(lse3[:, rows]))  # the forward's probabilities
                 dv3[:, span].baddbmm_(p.transpose(1, 2), do)
                 torch.bmm(do, vs.transpose(1, 2), out=ds).sub_(delta3[:, rows]).mul_(p)
                 torch.bmm(ds, ks, out=dq3[:, rows])
