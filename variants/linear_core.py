@@ -4,8 +4,8 @@ phi, o_i = sum_j a_ij v_j / (sum_j a_ij + eps) with a_ij = phi(q_i).phi(k_j) >= 
 Used by `linear.py` (elu+1 and FAVOR+ features, each a `FeatureMap` that also gives its
 derivatives).
 
-Non-causal: by associativity, [S | z] = phi(K)^T [V | 1] (M x (D + 1), one matmul) first,
-O(N M D), in blocks of keys, then the queries in blocks (`kernel_attention`). A block is
+Non-causal: by associativity, S = phi(K)^T V (M x D) and z = phi(K)^T 1 first, O(N M D),
+in blocks of keys, then the queries in blocks (`kernel_attention`). A block is
 sized so that its (B, H, rows, M) features are ~2 MiB (`block_rows`), so they stay in
 cache; whole-sequence features cost a fresh, page-faulted allocation per call. The blocks
 write into preallocated buffers, and the backward is written out (`_KernelAttention`):
@@ -46,9 +46,10 @@ class FeatureMap:
 
     query(x) -> f (B, H, r, M): the query features, up to a positive factor per row.
     key(x) -> (f, logw): key features f * exp(logw), logw (B, H, r, 1) or None for f alone.
-    query_grad(x, f, df) -> dx: the gradient of x given df = dL/df.
-    key_grad(x, f, wk, t) -> dx: the gradient of x given t = dL/d(f wk) (wk = exp(logw -
-    shift), or None). Neither gradient method writes into its arguments.
+    query_grad(x, f, df, out=None) -> dx: the gradient of x given df = dL/df.
+    key_grad(x, f, wk, t, out=None) -> dx: the gradient of x given t = dL/d(f wk) (wk =
+    exp(logw - shift), or None). Neither gradient method writes into its arguments; given
+    `out` (x's shape, possibly strided), they write dx there and return it.
     `save`: whether the cores keep the features for backward (True where recomputing them
     costs matmuls) or recompute them block by block.
     """
@@ -61,10 +62,10 @@ class FeatureMap:
     def key(self, x):
         raise NotImplementedError
 
-    def query_grad(self, x, f, df):
+    def query_grad(self, x, f, df, out=None):
         raise NotImplementedError
 
-    def key_grad(self, x, f, wk, t):
+    def key_grad(self, x, f, wk, t, out=None):
         raise NotImplementedError
 
 
@@ -133,7 +134,7 @@ def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmap: Fe
     Each key block's row weights are taken relative to that block's largest (a common
     factor, it cancels), and the sums S and z are kept relative to the largest seen so far,
     so no exponent overflows. Under autograd the backward is written out (`_KernelAttention`):
-    the same blocks again, O(N M D), keeping only [S | z], the output and its normaliser
+    the same blocks again, O(N M D), keeping only S, z, the output and its normaliser
     (and the features where `fmap.save`), never anything N x N.
     """
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -142,107 +143,109 @@ def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fmap: Fe
 
 
 def _kernel_forward(q, k, v, fmap, eps, rows, saved):
-    """The forward of `kernel_attention`: (o, den, Sz, top), den = the normaliser + eps
-    (B, H, N, 1), Sz = [S | z] (B, H, M, D + 1) relative to exp(top) (B, H, 1, 1) or None.
-    `saved`: a list that receives the feature blocks (queries', then keys', then the keys'
-    logw when there are any), or None."""
+    """The forward of `kernel_attention`: (o, den, S, zt, top), den = the normaliser + eps
+    (B, H, N, 1), S = sum_j phi(k_j) w_j v_j^T (B, H, M, D) and zt = sum_j w_j phi(k_j)^T
+    (B, H, 1, M), both relative to exp(top) (B, H, 1, 1), or top None (no key weights:
+    w = 1). `saved`: a list that receives the feature blocks (queries', then keys', then
+    the keys' logw when there are any), or None.
+
+    S and z are kept apart, and z and the normalisers are row vectors times a block
+    (zt = w^T phi(K), den^T = zt phi(Q)^T): on this CPU a batched matmul with D + 1 = 65
+    columns ran ~18% slower than one with 64, and one with a single column (phi(Q) z) ran
+    at a few GFLOP/s, where a row vector times a block takes about as long as one pass
+    over the block.
+    """
     B, H, N, D = q.shape
-    Sz = top = vw = None
+    S = zt = top = ones = None
     fks, logws = [], []
     for kb, vb in zip(k.split(rows, dim=2), v.split(rows, dim=2)):
         fk, logw = fmap.key(kb)  # (B, H, r, M), (B, H, r, 1) or None
-        if vw is None or vw.shape[2] != kb.shape[2]:
-            vw = fk.new_empty(B, H, kb.shape[2], D + 1)  # [v w | w], reused across blocks
-            if logw is None:
-                vw[..., D:] = 1
+        fkt = fk.transpose(-1, -2)
         if logw is None:
-            vw[..., :D] = vb
+            if ones is None or ones.shape[-1] != kb.shape[2]:
+                ones = fk.new_ones(B, H, 1, kb.shape[2])
+            S_b = fkt @ vb  # (B, H, M, D)
+            zt_b = ones @ fk  # (B, H, 1, M)
         else:
             shift = logw.amax(dim=-2, keepdim=True)  # (B, H, 1, 1)
             wk = torch.exp(logw - shift)  # (B, H, r, 1), at most 1
-            torch.mul(vb, wk, out=vw[..., :D])
-            vw[..., D:] = wk
-        # S and z in one matmul; the key row weights go on the values (r x D), not on the
-        # features (r x M).
-        Sz_b = fk.transpose(-1, -2) @ vw  # (B, H, M, D + 1)
-        if logw is not None:
+            # The key row weights go on the values (r x D), not on the features (r x M).
+            S_b = fkt @ (vb * wk)
+            zt_b = wk.transpose(-1, -2) @ fk
             new = shift if top is None else torch.maximum(top, shift)
-            Sz_b.mul_(torch.exp(shift - new))
+            f = torch.exp(shift - new)
+            S_b.mul_(f)
+            zt_b.mul_(f)
             if top is not None:
-                Sz.mul_(torch.exp(top - new))
+                f = torch.exp(top - new)
+                S.mul_(f)
+                zt.mul_(f)
             top = new
-        Sz = Sz_b if Sz is None else Sz.add_(Sz_b)
+        S = S_b if S is None else S.add_(S_b)
+        zt = zt_b if zt is None else zt.add_(zt_b)
         if saved is not None:
             fks.append(fk)
             if logw is not None:
                 logws.append(logw)
-    out = Sz.new_empty(B, H, N, D)
-    den = Sz.new_empty(B, H, N, 1)
+    out = S.new_empty(B, H, N, D)
+    den = S.new_empty(B, H, 1, N)  # one row per (batch, head): z^T phi(Q)^T + eps
     for i, qb in zip(range(0, N, rows), q.split(rows, dim=2)):
-        fq = fmap.query(qb)
-        o = fq @ Sz  # (B, H, r, D + 1)
-        d = den[:, :, i:i + rows]
-        torch.add(o[..., D:], eps, out=d)
-        torch.div(o[..., :D], d, out=out[:, :, i:i + rows])
+        fq = fmap.query(qb)  # (B, H, r, M)
+        d = den[..., i:i + rows]
+        torch.add(zt @ fq.transpose(-1, -2), eps, out=d)
+        torch.div(fq @ S, d.transpose(-1, -2), out=out[:, :, i:i + rows])
         if saved is not None:
             saved.append(fq)
     if saved is not None:
         saved += fks + logws
-    return out, den, Sz, top
+    return out, den.transpose(-1, -2), S, zt, top
 
 
 class _KernelAttention(torch.autograd.Function):
     """`kernel_attention` with its backward written out, block by block.
 
-    With u_i = phi(q_i) [S | z] = [num_i | den_i - eps] and o_i = num_i / den_i, the
-    gradient g_i of o_i gives dU_i = [g_i / den_i | -(g_i . o_i) / den_i]; then
-    d phi(q_i) = dU_i [S | z]^T, d[S | z] = sum_i phi(q_i)^T dU_i, and for key j with
-    weight w_j: d(phi(k_j) w_j) = d[S | z] [v_j | 1], d v_j = w_j d S^T phi(k_j). Four
-    matmuls of the forward's size (twice the forward's two), plus the feature maps'.
+    With num_i = phi(q_i) S, den_i = phi(q_i).z + eps and o_i = num_i / den_i, the
+    gradient g_i of o_i gives gn_i = g_i / den_i and gd_i = -(g_i . o_i) / den_i; then
+    d phi(q_i) = S gn_i + gd_i z, dS = sum_i phi(q_i) gn_i^T, dz = sum_i gd_i phi(q_i),
+    and for key j with weight w_j: d(phi(k_j) w_j) = dS v_j + dz, dv_j = w_j dS^T phi(k_j).
+    Four matmuls of the forward's size (twice the forward's two), plus the feature maps'.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, fmap, eps, rows):
         saved = [] if fmap.save else None
-        out, den, Sz, top = _kernel_forward(q, k, v, fmap, eps, rows, saved)
+        out, den, S, zt, top = _kernel_forward(q, k, v, fmap, eps, rows, saved)
         ctx.fmap, ctx.rows = fmap, rows
         ctx.has_top = top is not None
         extra = [top] if top is not None else []
-        ctx.save_for_backward(q, k, v, out, den, Sz, *extra, *(saved or []))
+        ctx.save_for_backward(q, k, v, out, den, S, zt, *extra, *(saved or []))
         return out
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, out, den, Sz, *rest = ctx.saved_tensors
+        q, k, v, out, den, S, zt, *rest = ctx.saved_tensors
         top = rest.pop(0) if ctx.has_top else None
         fmap, rows = ctx.fmap, ctx.rows
         B, H, N, D = q.shape
         nb = -(-N // rows)
         fqs, fks, logws = ((rest[:nb], rest[nb:2 * nb], rest[2 * nb:]) if rest
                            else ([None] * nb, [None] * nb, []))
-        g = g.contiguous()
-        Szt = Sz.transpose(-1, -2)  # (B, H, D + 1, M)
+        St = S.transpose(-1, -2)  # (B, H, D, M); zt is (B, H, 1, M)
         dq = torch.empty_like(q)
-        dSz = torch.zeros_like(Sz)  # (B, H, M, D + 1)
-        dU = None
+        dS = torch.zeros_like(S)  # (B, H, M, D)
+        dzt = torch.zeros_like(zt)  # (B, H, 1, M)
         for b, i in enumerate(range(0, N, rows)):
             blk = slice(i, i + rows)
             qb = q[:, :, blk]
             fq = fmap.query(qb) if fqs[b] is None else fqs[b]
-            r = qb.shape[2]
-            if dU is None or dU.shape[2] != r:
-                dU = g.new_empty(B, H, r, D + 1)
-            gn = dU[..., :D]
-            torch.div(g[:, :, blk], den[:, :, blk], out=gn)
-            torch.linalg.vecdot(gn, out[:, :, blk], out=dU[..., D])
-            dU[..., D].neg_()
-            dSz.add_(fq.transpose(-1, -2) @ dU)
-            dq[:, :, blk] = fmap.query_grad(qb, fq, dU @ Szt)
+            gn = g[:, :, blk] / den[:, :, blk]  # (B, H, r, D)
+            gd = torch.linalg.vecdot(gn, out[:, :, blk]).neg_().unsqueeze(-1)  # (B, H, r, 1)
+            dS.add_(fq.transpose(-1, -2) @ gn)
+            dzt.add_(gd.transpose(-1, -2) @ fq)
+            fmap.query_grad(qb, fq, (gn @ St).addcmul_(gd, zt), out=dq[:, :, blk])
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
-        dS = dSz[..., :D].contiguous()  # (B, H, M, D)
-        dSzt = dSz.transpose(-1, -2)  # (B, H, D + 1, M)
-        vw = None
+        dSt = dS.transpose(-1, -2)  # (B, H, D, M)
         for b, j in enumerate(range(0, N, rows)):
             blk = slice(j, j + rows)
             kb, vb = k[:, :, blk], v[:, :, blk]
@@ -250,19 +253,13 @@ class _KernelAttention(torch.autograd.Function):
                 fk, logw = fmap.key(kb)
             else:
                 fk, logw = fks[b], (logws[b] if logws else None)
-            r = kb.shape[2]
-            if vw is None or vw.shape[2] != r:
-                vw = g.new_empty(B, H, r, D + 1)
-                vw[..., D:] = 1
-            vw[..., :D] = vb
-            t = vw @ dSzt  # (B, H, r, M): dL/d(phi(k_j) w_j)
-            dvb = fk @ dS  # (B, H, r, D)
+            t = (vb @ dSt).add_(dzt)  # (B, H, r, M): dL/d(phi(k_j) w_j)
+            dvb = torch.matmul(fk, dS, out=dv[:, :, blk])  # (B, H, r, D)
             wk = None
             if top is not None:
                 wk = torch.exp(logw - top)  # (B, H, r, 1)
                 dvb.mul_(wk)
-            dv[:, :, blk] = dvb
-            dk[:, :, blk] = fmap.key_grad(kb, fk, wk, t)
+            fmap.key_grad(kb, fk, wk, t, out=dk[:, :, blk])
         return dq, dk, dv, None, None, None
 
 
@@ -489,8 +486,9 @@ def chunked_flops(N: int, M: int, D: int, chunk: int) -> int:
 
 
 def core_flops(N: int, M: int, D: int, causal: bool, chunk: int) -> int:
-    """Per-head forward FLOPs of the core. Non-causal: [S | z] = phi(K)^T [V | w] and
-    phi(Q) [S | z], two matmuls with D + 1 columns (w: key row weights, ones for linear)."""
+    """Per-head forward FLOPs of the core. Non-causal: S = phi(K)^T [V w] and z^T = w^T
+    phi(K), then phi(Q) S and z^T phi(Q)^T: 4 N M (D + 1) (w: key row weights, ones for
+    linear)."""
     if causal:
         return chunked_flops(N, M, D, chunk)
     return 4 * N * M * (D + 1)
