@@ -78,6 +78,15 @@ def test_segment_means_use_every_position_with_uneven_segments():
     assert not torch.allclose(segment_means(y, m)[:, :, -1], segment_means(x, m)[:, :, -1])
 
 
+@pytest.mark.parametrize("N, m", [(100, 7), (128, 64), (64, 64), (10, 3)])
+def test_segment_means_backward_is_its_own_derivative(N, m):
+    """segment_means' written-out backward (each position gets its segment's gradient over
+    the segment's size) against finite differences, with runs of two segment sizes."""
+    x = torch.randn(2, 3, N, 5, generator=torch.Generator().manual_seed(N), dtype=torch.float64,
+                    requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: segment_means(t, m), (x,))
+
+
 def _averaging_matrix(N: int, m: int) -> torch.Tensor:
     P = torch.zeros(m, N, dtype=torch.float64)
     for r, (s, e) in enumerate(loop_segments(N, m)):

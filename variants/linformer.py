@@ -45,16 +45,48 @@ def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
 
     The first N mod m segments hold one position more than the rest, so every position
     contributes and no segment is empty. Two reshapes instead of an (m, N) averaging matrix.
+    Under autograd the backward writes each segment's gradient over its positions in one
+    pass (`_SegmentMeans`): autograd through the slices and means made three N-sized
+    tensors (zeros, a copy, the spread mean), each a fresh allocation.
     """
-    N = x.shape[-2]
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _SegmentMeans.apply(x, m)
+    return _segment_means(x, m)
+
+
+def _segment_parts(N: int, m: int):
+    """(first position, count, size) of the two runs of equal segments: r of s + 1
+    positions, then m - r of s (runs of no segments left out)."""
     s, r = divmod(N, m)
-    cut = r * (s + 1)
-    parts = []
-    if r:
-        parts.append(x[..., :cut, :].unflatten(-2, (r, s + 1)).mean(dim=-2))  # (..., r, D)
-    if m - r:
-        parts.append(x[..., cut:, :].unflatten(-2, (m - r, s)).mean(dim=-2))  # (..., m-r, D)
+    return [p for p in ((0, r, s + 1), (r * (s + 1), m - r, s)) if p[1]]
+
+
+def _segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
+    parts = [x[..., a:a + n * size, :].unflatten(-2, (n, size)).mean(dim=-2)  # (..., n, D)
+             for a, n, size in _segment_parts(x.shape[-2], m)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+
+class _SegmentMeans(torch.autograd.Function):
+    """`segment_means` with its backward written out: a position's gradient is its
+    segment's, over the segment's size."""
+
+    @staticmethod
+    def forward(ctx, x, m):
+        ctx.N, ctx.m = x.shape[-2], m
+        return _segment_means(x, m)
+
+    @staticmethod
+    def backward(ctx, g):
+        N, m = ctx.N, ctx.m
+        dx = g.new_empty(*g.shape[:-2], N, g.shape[-1])
+        j = 0
+        for a, n, size in _segment_parts(N, m):
+            gs = g[..., j:j + n, :].unsqueeze(-2)  # (..., n, 1, D)
+            out = dx[..., a:a + n * size, :].unflatten(-2, (n, size))  # (..., n, size, D)
+            torch.div(gs.expand(out.shape), size, out=out)
+            j += n
+        return dx, None
 
 
 # Bytes of one block of scores in `softmax_attention`.
