@@ -230,22 +230,32 @@ class _KernelAttention(torch.autograd.Function):
         nb = -(-N // rows)
         fqs, fks, logws = ((rest[:nb], rest[nb:2 * nb], rest[2 * nb:]) if rest
                            else ([None] * nb, [None] * nb, []))
-        St = S.transpose(-1, -2)  # (B, H, D, M); zt is (B, H, 1, M)
+        # Where D + 1 is the inner dimension, S and z go together: d phi(q) = [gn | gd]
+        # [S | z]^T and d(phi(k) w) = [v | 1] [dS | dz]^T are one matmul each, which costs
+        # less than a matmul and a rank-one pass over the (r, M) block (M = 256 for FAVOR+).
+        Szt = torch.cat([S, zt.transpose(-1, -2)], dim=-1).transpose(-1, -2)  # (B, H, D + 1, M)
         dq = torch.empty_like(q)
         dS = torch.zeros_like(S)  # (B, H, M, D)
         dzt = torch.zeros_like(zt)  # (B, H, 1, M)
+        dU = None
         for b, i in enumerate(range(0, N, rows)):
             blk = slice(i, i + rows)
             qb = q[:, :, blk]
             fq = fmap.query(qb) if fqs[b] is None else fqs[b]
-            gn = g[:, :, blk] / den[:, :, blk]  # (B, H, r, D)
-            gd = torch.linalg.vecdot(gn, out[:, :, blk]).neg_().unsqueeze(-1)  # (B, H, r, 1)
+            r = qb.shape[2]
+            if dU is None or dU.shape[2] != r:
+                dU = g.new_empty(B, H, r, D + 1)  # [gn | gd], reused across blocks
+            gn, gd = dU[..., :D], dU[..., D:]
+            torch.div(g[:, :, blk], den[:, :, blk], out=gn)  # (B, H, r, D)
+            torch.linalg.vecdot(gn, out[:, :, blk], out=dU[..., D])
+            gd.neg_()  # (B, H, r, 1)
             dS.add_(fq.transpose(-1, -2) @ gn)
             dzt.add_(gd.transpose(-1, -2) @ fq)
-            fmap.query_grad(qb, fq, (gn @ St).addcmul_(gd, zt), out=dq[:, :, blk])
+            fmap.query_grad(qb, fq, dU @ Szt, out=dq[:, :, blk])
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
-        dSt = dS.transpose(-1, -2)  # (B, H, D, M)
+        dSzt = torch.cat([dS, dzt.transpose(-1, -2)], dim=-1).transpose(-1, -2)  # (B, H, D + 1, M)
+        vw = None
         for b, j in enumerate(range(0, N, rows)):
             blk = slice(j, j + rows)
             kb, vb = k[:, :, blk], v[:, :, blk]
@@ -253,7 +263,12 @@ class _KernelAttention(torch.autograd.Function):
                 fk, logw = fmap.key(kb)
             else:
                 fk, logw = fks[b], (logws[b] if logws else None)
-            t = (vb @ dSt).add_(dzt)  # (B, H, r, M): dL/d(phi(k_j) w_j)
+            r = kb.shape[2]
+            if vw is None or vw.shape[2] != r:
+                vw = g.new_empty(B, H, r, D + 1)  # [v | 1], reused across blocks
+                vw[..., D:] = 1
+            vw[..., :D] = vb
+            t = vw @ dSzt  # (B, H, r, M): dL/d(phi(k_j) w_j)
             dvb = torch.matmul(fk, dS, out=dv[:, :, blk])  # (B, H, r, D)
             wk = None
             if top is not None:
