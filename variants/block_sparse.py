@@ -365,7 +365,7 @@ class _BlockRows(torch.autograd.Function):
         B, H, nb, b, D = qp.shape
         BH = B * H
         dout = dout.contiguous().view(B, H, nb, b, D)
-        delta = (dout * out).sum(dim=-1, keepdim=True)  # (B, H, nb, b, 1): rowsum(dO * O)
+        delta = torch.linalg.vecdot(dout, out).unsqueeze(-1)  # (B, H, nb, b, 1): rowsum(dO * O)
         dq = torch.empty_like(qp)
         dk, dv = torch.zeros_like(kp), torch.zeros_like(vp)
         ws = Workspace(qp)
@@ -384,7 +384,10 @@ class _BlockRows(torch.autograd.Function):
             dvr = torch.bmm(p.transpose(1, 2), do, out=ws("dv", BH * R, K * b, D))
             ds = torch.bmm(do, vr.transpose(1, 2), out=ws("dp", BH * R, b, K * b))
             ds.sub_(_take(delta, rows).reshape(BH * R, b, 1)).mul_(p)
-            dqr = torch.bmm(ds, kr, out=ws("o", BH * R, b, D))
+            # dQ = dS K / sqrt(D): the forward scaled q, so the scale comes back here, as
+            # the matmul's alpha rather than a pass over dq.
+            o = ws("o", BH * R, b, D)
+            dqr = torch.baddbmm(o, ds, kr, beta=0, alpha=softmax_scale(D), out=o)
             _put(dq, rows, dqr.view(B, H, R, b, D), base)
             dkr = torch.bmm(ds.transpose(1, 2), qr, out=ws("dk", BH * R, K * b, D))
             if isinstance(cols, slice):
@@ -395,7 +398,7 @@ class _BlockRows(torch.autograd.Function):
                 dk.view(-1, b * D).index_add_(0, at, dkr.view(-1, b * D))
                 dv.view(-1, b * D).index_add_(0, at, dvr.view(-1, b * D))
         N = ctx.N
-        dq = dq.view(B, H, nb * b, D)[:, :, :N].mul_(softmax_scale(D))
+        dq = dq.view(B, H, nb * b, D)[:, :, :N]
         dk, dv = (t.view(B, H, nb * b, D)[:, :, :N] for t in (dk, dv))
         return dq, dk, dv, None, None
 

@@ -166,20 +166,23 @@ class _SoftmaxAttention(torch.autograd.Function):
         g3, o3 = g.reshape(BH, Nq, Dv), out.view(BH, Nq, Dv)
         hb, rows = _blocks(BH, Nq, Nk, q.element_size(), ctx.budget)
         dq = torch.empty_like(q3)
-        dk = torch.zeros_like(k3)
-        dv = torch.zeros_like(v3)
+        # The first block of rows of each head writes dk and dv (beta = 0), later ones add:
+        # no zero-filled (BH, Nk, D) tensors (nystrom's B v has one block of rows a head).
+        dk = torch.empty_like(k3)
+        dv = torch.empty_like(v3)
         blocks = iter(ps)
         ws = Workspace(g3)
         for h in range(0, BH, hb):
             hs = slice(h, h + hb)
             for i in range(0, Nq, rows):
                 rs = slice(i, i + rows)
+                beta = 0 if i == 0 else 1
                 p, gb = next(blocks), g3[hs, rs]
-                dv[hs].baddbmm_(p.transpose(-1, -2), gb)
+                dv[hs].baddbmm_(p.transpose(-1, -2), gb, beta=beta)
                 ds = torch.bmm(gb, v3[hs].transpose(-1, -2), out=ws("ds", *p.shape))
                 ds.sub_(torch.linalg.vecdot(gb, o3[hs, rs]).unsqueeze(-1)).mul_(p)
                 torch.bmm(ds, k3[hs], out=dq[hs, rs])
-                dk[hs].baddbmm_(ds.transpose(-1, -2), q3[hs, rs])
+                dk[hs].baddbmm_(ds.transpose(-1, -2), q3[hs, rs], beta=beta)
         return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None, None
 
 
