@@ -97,6 +97,33 @@ def test_chunked_prefix_sum_any_chunk(N, chunk):
 
 
 @pytest.mark.parametrize("name", ["linear", "performer"])
+@pytest.mark.parametrize("N,chunk,rows", [(100, 7, 21), (100, 8, 16), (64, 64, 64), (5, 16, 16),
+                                          (130, 8, 7)])
+def test_streamed_causal_path_equals_the_quadratic_form(name, N, chunk, rows):
+    """Without autograd the causal path runs in blocks of `rows` carrying its state (many
+    blocks, a short last block, one chunk, a chunk longer than N, rows below a chunk). Keys
+    scaled by 3 spread FAVOR+'s key weights over many orders of magnitude, so a later block
+    raises the stabiliser and the carried state must be rescaled. Against the float64
+    quadratic form of the same features, and against the differentiable path."""
+    from variants.linear import EluFeatures
+    from variants.linear_core import causal_kernel_attention, sequence_features
+    q, k, v = qkv(N=N, seed=N + chunk, scale=3.0)
+    if name == "linear":
+        fmap, eps = EluFeatures(), 1e-6
+    else:
+        fmap, eps = variants.build("performer", num_features=24).feature_map(16, q.dtype,
+                                                                            q.device), 0.0
+    with torch.no_grad():
+        o = causal_kernel_attention(q, k, v, fmap, eps, chunk, rows)
+        fq, fk = sequence_features(q, k, fmap)
+    torch.testing.assert_close(o, quadratic_form(fq, fk, v, True, eps), rtol=1e-10, atol=1e-12)
+    qg = q.clone().requires_grad_(True)
+    graph = causal_kernel_attention(qg, k, v, fmap, eps, chunk, rows)
+    assert graph.requires_grad
+    torch.testing.assert_close(o, graph.detach(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["linear", "performer"])
 def test_causal_output_ignores_the_future(name):
     q, k, v = qkv(N=300, dtype=torch.float32, seed=5)
     m = variants.build(name)

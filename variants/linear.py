@@ -25,9 +25,11 @@ Two feature maps phi (M features) share one kernelised-attention core:
   an eps of the dtype's smallest normal number in the denominator, not an eps added to
   each feature: after a per-block max shift the median key feature (times sqrt(m)) is ~1e-6 on
   `gaussian` and ~4e-9 on `local` inputs (N=2048, D=64), and adding 1e-6 to every feature
-  moved the output by 1.5% and 17% there, towards uniform attention. Causal: the key
-  shift is one max over the whole sequence of a (batch, head), a constant, so a future key
-  never changes a causal output (beyond rounding).
+  moved the output by 1.5% and 17% there, towards uniform attention. Causal: under
+  autograd the key shift is one max over the whole sequence of a (batch, head), a
+  constant, so a future key never changes a causal output (beyond rounding); without it
+  (the streamed path) the largest so far, the carried state rescaled when it grows, so
+  only past keys set it.
 
 The kernelised-attention cores (non-causal in blocks, causal by chunked prefix sums) are
 in `linear_core.py`.
@@ -45,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Variant, exp_, param, softmax_, softmax_logsumexp, softmax_lse_
-from .linear_core import (FeatureMap, block_rows, causal_linear_attention, core_flops,
+from .linear_core import (FeatureMap, block_rows, causal_kernel_attention, core_flops,
                           kernel_attention, kernel_weights, sequence_features)
 from .registry import register
 
@@ -173,15 +175,15 @@ class Linear(Variant):
 
     def attend(self, q, k, v, causal):
         eps = self.params.eps
+        B, H, _, D = q.shape
+        dt, dtype = _compute_dtype(q.dtype), q.dtype
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
         if causal:
-            fq, fk = self.feature_maps(q, k)
-            o = causal_linear_attention(fq, fk, v.to(fq.dtype), eps, _CHUNK_LINEAR)
+            o = causal_kernel_attention(q, k, v, EluFeatures(), eps, _CHUNK_LINEAR,
+                                        rows=block_rows(B, H, D))
         else:
-            B, H, _, D = q.shape
-            dt = _compute_dtype(q.dtype)
-            o = kernel_attention(q.to(dt), k.to(dt), v.to(dt), EluFeatures(), eps,
-                                 rows=block_rows(B, H, D))
-        return o.to(q.dtype)
+            o = kernel_attention(q, k, v, EluFeatures(), eps, rows=block_rows(B, H, D))
+        return o.to(dtype)
 
     def attention_weights(self, q, k, causal):
         fq, fk = self.feature_maps(q, k)  # (B, H, N, D)
@@ -280,16 +282,16 @@ class Performer(Variant):
 
     def attend(self, q, k, v, causal):
         eps = torch.finfo(_compute_dtype(q.dtype)).tiny
+        B, H, _, D = q.shape
+        dt, dtype = _compute_dtype(q.dtype), q.dtype
+        fmap = self.feature_map(D, dtype, q.device)
+        rows = block_rows(B, H, self.params.num_features)
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
         if causal:
-            fq, fk = self.feature_maps(q, k)
-            o = causal_linear_attention(fq, fk, v.to(fq.dtype), eps, _CHUNK_PERFORMER)
+            o = causal_kernel_attention(q, k, v, fmap, eps, _CHUNK_PERFORMER, rows=rows)
         else:
-            B, H, _, D = q.shape
-            dt = _compute_dtype(q.dtype)
-            o = kernel_attention(q.to(dt), k.to(dt), v.to(dt),
-                                 self.feature_map(D, q.dtype, q.device), eps,
-                                 rows=block_rows(B, H, self.params.num_features))
-        return o.to(q.dtype)
+            o = kernel_attention(q, k, v, fmap, eps, rows=rows)
+        return o.to(dtype)
 
     def extra_weights_reasons(self):
         if self.params.redraw:

@@ -15,7 +15,9 @@ Causal: chunked prefix sums (`causal_linear_attention`, shared by both variants)
 a chunk of C positions the masked C x C quadratic form; across chunks the running state
 S = sum phi(k) v^T and z = sum phi(k), one (M, D + 1) state per chunk, so memory is
 O(N (M + C) + N M D / C) per head, never N x N nor N x M x D. Its backward is written
-out too (`_CausalKernelAttention`), with the same complexity.
+out too (`_CausalKernelAttention`), with the same complexity. Without autograd the same
+scheme streams (`causal_kernel_attention`): blocks of a few chunks make their features
+and pass the state on, so memory is the output and one block.
 """
 
 from __future__ import annotations
@@ -285,6 +287,82 @@ def kernel_weights(fq: torch.Tensor, fk: torch.Tensor, eps: float, causal: bool)
     if causal:
         a = a.tril_()
     return a / (a.sum(dim=-1, keepdim=True) + eps)
+
+
+def causal_kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            fmap: FeatureMap, eps: float, chunk: int, rows: int) -> torch.Tensor:
+    """Causal kernelised attention over (B, H, N, D) q, k, v (the compute dtype) with
+    features from `fmap`, by chunks of `chunk` positions.
+
+    Under autograd: whole-sequence features (`sequence_features`) and
+    `causal_linear_attention`, whose backward keeps the chunk scores and states. Without
+    it, streamed (`_causal_stream`): blocks of about `rows` positions (a whole number of
+    chunks) make their features, run the chunked scheme with the state [S | z] of every
+    key before the block, and pass the state on, so the only sequence-sized tensor made
+    is the output. Whole-sequence features and chunk states cost ~113 MiB at N = 8192,
+    H = 8, D = 64, each page of it faulted in afresh on every call.
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        fq, fk = sequence_features(q, k, fmap)
+        return causal_linear_attention(fq, fk, v, eps, chunk)
+    return _causal_stream(q, k, v, fmap, eps, chunk, rows)
+
+
+def _causal_stream(q, k, v, fmap, eps, chunk, rows):
+    """`causal_kernel_attention` without autograd, block by block.
+
+    The key weights exp(logw) (FAVOR+) are taken relative to the largest logw seen so far,
+    and the carried state is rescaled when a block raises it: a common factor of every
+    term of a row's numerator and normaliser, so it cancels (the whole-sequence path uses
+    the sequence's largest; the outputs agree to rounding). The same matmuls as
+    `chunked_flops` counts: every chunk's scores and products, and, when there is more
+    than one chunk, every chunk's state and its read-out.
+    """
+    B, H, N, D = q.shape
+    C = min(chunk, N)
+    n = -(-N // C)
+    rows = max(C, rows // C * C)
+    out = q.new_empty(B, H, N, D)
+    state = top = None  # [S | z] of the keys before the block (B, H, 1, M, D + 1), / exp(top)
+    for i in range(0, N, rows):
+        qb, kb, vb = q[:, :, i:i + rows], k[:, :, i:i + rows], v[:, :, i:i + rows]
+        r = qb.shape[2]
+        fq = fmap.query(qb)  # (B, H, r, M)
+        fk, logw = fmap.key(kb)
+        if logw is not None:
+            shift = logw.amax(dim=-2, keepdim=True)  # (B, H, 1, 1)
+            if top is not None:
+                shift = torch.maximum(shift, top)
+                state.mul_(torch.exp(top - shift).unsqueeze(-1))
+            top = shift
+            fk = fk.mul_(torch.exp(logw - shift))
+        pad = -r % C
+        if pad:  # as in causal_linear_attention: zero keys and values, padded queries dropped
+            fk, vb = F.pad(fk, (0, 0, 0, pad)), F.pad(vb, (0, 0, 0, pad))
+            fq = F.pad(fq, (0, 0, 0, pad), value=1.0)
+        nb, M = (r + pad) // C, fq.shape[-1]
+        fq = fq.reshape(B, H, nb, C, M)
+        fk = fk.reshape(B, H, nb, C, M)
+        vb = vb.reshape(B, H, nb, C, D)
+        a = (fq @ fk.transpose(-1, -2)).tril_()  # (B, H, nb, C, C)
+        num = a @ vb  # (B, H, nb, C, D)
+        den = a.sum(dim=-1, keepdim=True)  # (B, H, nb, C, 1)
+        if n > 1:
+            kv = fk.new_empty(B, H, nb, M, D + 1)
+            kv[..., :D] = fk.transpose(-1, -2) @ vb
+            torch.sum(fk, dim=-2, out=kv[..., D])
+            st = _exclusive_scan(kv)  # within the block
+            total = st[:, :, -1:] + kv[:, :, -1:]  # (B, H, 1, M, D + 1): the block's keys
+            if state is not None:
+                st.add_(state)
+                total.add_(state)
+            state = total
+            u = fq @ st  # (B, H, nb, C, D + 1)
+            num.add_(u[..., :D])
+            den.add_(u[..., D:])
+        o = num.div_(den.add_(eps)).view(B, H, nb * C, D)
+        out[:, :, i:i + r] = o[:, :, :r]
+    return out
 
 
 def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float,
