@@ -1,9 +1,9 @@
 """linear (elu+1) and performer (FAVOR+) against plain float64 quadratic forms of their kernels.
 
-The naive references here are written independently of variants/linear.py and
-variants/linear_core.py: the N x N kernel matrix phi(q) phi(k)^T, masked, normalised row
-by row (flash-linear-attention's habit of a plain ground truth for every fast op, forward
-and backward, at odd lengths).
+The naive references here are written independently of variants/linear.py,
+variants/linear_core.py and variants/linear_causal.py: the N x N kernel matrix
+phi(q) phi(k)^T, masked, normalised row by row (flash-linear-attention's habit of a plain
+ground truth for every fast op, forward and backward, at odd lengths).
 """
 
 import pytest
@@ -12,7 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import variants
 from variants import exact_reference
-from variants.linear_core import causal_linear_attention, kernel_attention
+from variants.linear_causal import causal_linear_attention
+from variants.linear_core import kernel_attention
 
 
 def qkv(B=1, H=2, N=100, D=16, dtype=torch.float64, seed=0, scale=1.0, requires_grad=False):
@@ -106,7 +107,8 @@ def test_streamed_causal_path_equals_the_quadratic_form(name, N, chunk, rows):
     raises the stabiliser and the carried state must be rescaled. Against the float64
     quadratic form of the same features, and against the differentiable path."""
     from variants.linear import EluFeatures
-    from variants.linear_core import causal_kernel_attention, sequence_features
+    from variants.linear_causal import causal_kernel_attention
+    from variants.linear_core import sequence_features
     q, k, v = qkv(N=N, seed=N + chunk, scale=3.0)
     if name == "linear":
         fmap, eps = EluFeatures(), 1e-6

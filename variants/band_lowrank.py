@@ -15,7 +15,7 @@ through a low-rank stand-in; one softmax denominator covers both.
   of nonnegative terms, so it never cancels below zero and needs no floor (the reference
   code clamps that difference at 1e-24). Far keys j <= i - w - 1 are a causal linear
   attention with a lag of w + 1 rows, those j >= i + w + 1 an anticausal one: chunked
-  prefix (suffix) sums (`linear_core.lagged_kernel_sum`), O(N (C m + m D)).
+  prefix (suffix) sums (`linear_causal.lagged_kernel_sum`), O(N (C m + m D)).
   Stability, in log space as the reference code's `logaddexp` of the two parts: the
   query features carry a per-row log scale and the key features one shift per (batch,
   head) (Performer's stabilisers), the band's scores their row maximum, and both parts
@@ -50,7 +50,7 @@ import torch
 
 from .base import Variant, param, softmax_scale
 from .linear import Performer, PerformerParams, _compute_dtype
-from .linear_core import lagged_kernel_flops, lagged_kernel_sum
+from .linear_causal import lagged_kernel_flops, lagged_kernel_sum
 from .linformer import segment_means, segment_sizes
 from .registry import register
 from .sliding_window import (MaskCache, band_drop_mask, band_mask, band_span, band_views,

@@ -32,7 +32,7 @@ Two feature maps phi (M features) share one kernelised-attention core:
   only past keys set it.
 
 The kernelised-attention cores (non-causal in blocks, causal by chunked prefix sums) are
-in `linear_core.py`.
+in `linear_core.py` and `linear_causal.py`.
 
 Accumulation dtype: float64 inputs compute in float64, everything else (bfloat16, float16,
 float32) computes features and sums in float32, and the output is cast back to q's dtype.
@@ -44,11 +44,11 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 
 from .base import Variant, exp_, param, softmax_, softmax_logsumexp, softmax_lse_
-from .linear_core import (FeatureMap, block_rows, causal_kernel_attention, core_flops,
-                          kernel_attention, kernel_weights, sequence_features)
+from .linear_causal import causal_kernel_attention, core_flops
+from .linear_core import (FeatureMap, block_rows, kernel_attention, kernel_weights,
+                          sequence_features)
 from .registry import register
 
 # Chunk length of the causal scheme. Per row the intra-chunk form costs 2 C (M + D) FLOPs
