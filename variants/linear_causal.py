@@ -68,32 +68,12 @@ def _causal_stream(q, k, v, fmap, eps, chunk, rows):
                 state.mul_(torch.exp(top - shift).unsqueeze(-1))
             top = shift
             fk = fk.mul_(torch.exp(logw - shift))
-        pad = -r % C
-        if pad:  # as in causal_linear_attention: zero keys and values, padded queries dropped
-            fk, vb = F.pad(fk, (0, 0, 0, pad)), F.pad(vb, (0, 0, 0, pad))
-            fq = F.pad(fq, (0, 0, 0, pad), value=1.0)
-        nb, M = (r + pad) // C, fq.shape[-1]
-        fq = fq.reshape(B, H, nb, C, M)
-        fk = fk.reshape(B, H, nb, C, M)
-        vb = vb.reshape(B, H, nb, C, D)
-        a = (fq @ fk.transpose(-1, -2)).tril_()  # (B, H, nb, C, C)
-        num = a @ vb  # (B, H, nb, C, D)
-        den = a.sum(dim=-1, keepdim=True)  # (B, H, nb, C, 1)
-        if n > 1:
-            kv = fk.new_empty(B, H, nb, M, D + 1)
-            kv[..., :D] = fk.transpose(-1, -2) @ vb
-            torch.sum(fk, dim=-2, out=kv[..., D])
-            st = _exclusive_scan(kv)  # within the block
-            total = st[:, :, -1:] + kv[:, :, -1:]  # (B, H, 1, M, D + 1): the block's keys
-            if state is not None:
-                st.add_(state)
-                total.add_(state)
-            state = total
-            u = fq @ st  # (B, H, nb, C, D + 1)
-            num.add_(u[..., :D])
-            den.add_(u[..., D:])
-        o = num.div_(den.add_(eps)).view(B, H, nb * C, D)
+        fq, fk, vb = _pad_chunks(fq, fk, vb, C)
+        o, _, st, _, kv = _causal_forward(fq, fk, vb, eps, C, states=n > 1, state=state)
         out[:, :, i:i + r] = o[:, :, :r]
+        if st is not None:
+            state = st[:, :, -1:] + kv[:, :, -1:]  # (B, H, 1, M, D + 1): every key so far
+        del fq, fk, o, st, kv  # before the next block makes its own: peak memory
     return out
 
 
@@ -104,31 +84,41 @@ def causal_linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor,
     o_i = sum_{j<=i} a_ij v_j / (sum_{j<=i} a_ij + eps), a_ij = fq_i . fk_j, with a_ij >= 0.
     Under autograd the backward is written out (`_CausalKernelAttention`).
     """
-    B, H, N, M = fq.shape
+    N = fq.shape[2]
     C = min(chunk, N)
-    n = -(-N // C)
-    pad = n * C - N
-    if pad:
-        # Zero keys and values add nothing to any sum. Padded query rows are dropped; they
-        # are ones, not zeros, so their normaliser is not 0 + eps, which with eps = 0 would
-        # send NaN gradients into the real keys of the last chunk.
-        fk, v = F.pad(fk, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
-        fq = F.pad(fq, (0, 0, 0, pad), value=1.0)
+    fq, fk, v = _pad_chunks(fq, fk, v, C)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (fq, fk, v)):
         o = _CausalKernelAttention.apply(fq, fk, v, eps, C)
     else:
         o = _causal_forward(fq, fk, v, eps, C)[0]
-    return o[:, :, :N] if pad else o  # (B, H, N, D)
+    return o[:, :, :N]  # (B, H, N, D)
 
 
-def _causal_forward(fq, fk, v, eps, C):
+def _pad_chunks(fq, fk, v, C):
+    """fq, fk, v padded along the sequence to a whole number of chunks of C rows.
+
+    Zero keys and values add nothing to any sum. Padded query rows are dropped; they are
+    ones, not zeros, so their normaliser is not 0 + eps, which with eps = 0 would send NaN
+    gradients into the real keys of the last chunk."""
+    pad = -fq.shape[2] % C
+    if not pad:
+        return fq, fk, v
+    fk, v = F.pad(fk, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+    return F.pad(fq, (0, 0, 0, pad), value=1.0), fk, v
+
+
+def _causal_forward(fq, fk, v, eps, C, states=None, state=None):
     """The forward of `causal_linear_attention` on a whole number of chunks of C rows:
-    (o (B, H, P, D), A, st, den), with A the masked chunk scores (B, H, n, C, C), st the
-    states [S | z] entering each chunk (B, H, n, M, D + 1; None for one chunk) and den the
-    normaliser + eps (B, H, n, C, 1)."""
+    (o (B, H, P, D), A, st, den, kv), with A the masked chunk scores (B, H, n, C, C), st
+    the states [S | z] entering each chunk (B, H, n, M, D + 1), kv each chunk's own, and den
+    the normaliser + eps (B, H, n, C, 1). `states`: whether to carry states across chunks
+    (default: when there is more than one; else st and kv are None); `state`: the state
+    of keys before the first chunk (B, H, 1, M, D + 1), or None for none."""
     B, H, P, M = fq.shape
     D = v.shape[-1]
     n = P // C
+    if states is None:
+        states = n > 1
     fq = fq.reshape(B, H, n, C, M)  # (B, H, n, C, M)
     fk = fk.reshape(B, H, n, C, M)
     v = v.reshape(B, H, n, C, D)  # (B, H, n, C, D)
@@ -136,21 +126,24 @@ def _causal_forward(fq, fk, v, eps, C):
     a = (fq @ fk.transpose(-1, -2)).tril_()  # (B, H, n, C, C)
     num = a @ v  # (B, H, n, C, D)
     den = a.sum(dim=-1, keepdim=True)  # (B, H, n, C, 1)
-    st = None
-    if n > 1:
+    st = kv = None
+    if states:
         # State entering chunk c: [S | z] summed over the chunks before it (chunk 0 enters
-        # with zero). The last chunk's own state is computed though unused: slicing it off
-        # would make strided operands that matmul copies first.
+        # with `state`, or zero). The last chunk's own state is computed though the whole
+        # sequence does not use it: slicing it off would make strided operands that matmul
+        # copies first.
         kv = fk.new_empty(B, H, n, M, D + 1)  # (B, H, n, M, D + 1)
         kv[..., :D] = fk.transpose(-1, -2) @ v
         torch.sum(fk, dim=-2, out=kv[..., D])
         st = _exclusive_scan(kv)
+        if state is not None:
+            st.add_(state)
         u = fq @ st  # (B, H, n, C, D + 1)
         num.add_(u[..., :D])
         den.add_(u[..., D:])
     den.add_(eps)
     o = num.div_(den)
-    return o.reshape(B, H, P, D), a, st, den
+    return o.reshape(B, H, P, D), a, st, den, kv
 
 
 class _CausalKernelAttention(torch.autograd.Function):
@@ -166,7 +159,7 @@ class _CausalKernelAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fq, fk, v, eps, C):
-        o, a, st, den = _causal_forward(fq, fk, v, eps, C)
+        o, a, st, den, _ = _causal_forward(fq, fk, v, eps, C)
         ctx.C = C
         ctx.save_for_backward(fq, fk, v, o, a, den, *([st] if st is not None else []))
         return o
@@ -185,7 +178,7 @@ class _CausalKernelAttention(torch.autograd.Function):
         gn = gU[..., :D]
         torch.div(g.reshape(B, H, n, C, D), den, out=gn)
         torch.linalg.vecdot(gn, o.reshape(B, H, n, C, D), out=gU[..., D])
-        gd = gU[..., D:].neg_()  # (B, H, n, C, 1)
+        gU[..., D:].neg_()  # gd (B, H, n, C, 1)
         # 3-d views (batch = B H n chunks) so that the products accumulate in place
         # (baddbmm_), without a temporary each; freed as soon as used: peak memory.
         fq3, fk3, v3 = fq.reshape(-1, C, M), fk.reshape(-1, C, M), v.reshape(-1, C, D)
@@ -200,7 +193,7 @@ class _CausalKernelAttention(torch.autograd.Function):
             st3 = st[0].view(-1, M, D + 1)
             dfq.baddbmm_(gU3, st3.transpose(-1, -2))
             dst = torch.bmm(fq3.transpose(-1, -2), gU3).view(B, H, n, M, D + 1)
-            del gU, gU3, gn3, gn, gd
+            del gU, gU3, gn3, gn
             dst = _exclusive_scan(dst, reverse=True).view(-1, M, D + 1)  # (B H n, M, D + 1)
             dfk.baddbmm_(v3, dst[..., :D].transpose(-1, -2))
             dfk.view(B, H, n, C, M).add_(dst.view(B, H, n, M, D + 1)[..., D].unsqueeze(-2))
