@@ -236,10 +236,12 @@ _LOG2E = 1.4426950408889634  # 1 / ln 2
 def exp_(x: torch.Tensor) -> torch.Tensor:
     """exp(x) written over x (no autograd), as exp2(x log2 e); returns x.
 
-    On the CPU torch.exp goes through MKL's vector math library, which on this AMD EPYC
-    ran at about a third of the rate of exp2, aten's own vectorised kernel: 2^19 float32
-    elements on two threads took 273 us in torch.exp, 82 us in exp2 and 96 us in this
-    function (the scaling pass included). Rounding log2 e and x log2 e adds a relative
+    On this AMD EPYC torch.exp ran at under a third of the rate of exp2: 2^19 float32
+    elements on two threads took 311 us in torch.exp, 85 us in exp2 and 144 us in this
+    function with the copy that restores its input (medians, `python -m pytest
+    tests/benchmarks/test_kernels.py --benchmark-only -k exp`). Its time did not move
+    under any ATEN_CPU_CAPABILITY, so it is not aten's vectorised path; this build hands
+    exp to MKL's vector math library. Rounding log2 e and x log2 e adds a relative
     error of at most |x| eps to the result (eps = 2^-23 in float32): 1e-6 at x = -8,
     where exp(x) is 3e-4, so a few units in the last place wherever a probability is
     not negligible against 1.
