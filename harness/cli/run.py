@@ -1,8 +1,10 @@
 """The `run` and `list` commands of run_bench.py.
 
 `run` checks the whole matrix before anything is measured (every problem reported on one
-line, exit 2, nothing written), then runs it into <results-dir>/<run-id>/; the same run id
-again resumes that run (see harness.measure.store for the rule). `--dry-run` prints the plan.
+line, exit 2, nothing written), then runs it into <results-dir>/<run-id>/ and, once every
+case has its row (serial or sharded), writes the run's report there (`--no-report`: not); the
+same run id again resumes that run (see harness.measure.store for the rule). `--dry-run`
+prints the plan.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                         "an existing run of the same matrix is resumed")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (cases, declared skips, rough time) and run nothing")
+    p.add_argument("--no-report", dest="no_report", action="store_true",
+                   help="leave out the report (report.md, report.html, plots/) the run "
+                        "otherwise writes when every case has its row")
     narrow = p.add_argument_group("narrowing (each replaces the matrix's key in every group)")
     narrow.add_argument("--variants", help="comma-separated variant names to keep")
     narrow.add_argument("--seq-lens", dest="seq_lens", help="e.g. 512,1024")
@@ -160,11 +165,11 @@ def run_command(args) -> int:
                      getattr(args, "argv", None))
     if isinstance(out, int):
         return out
-    if settings.kind != "serial":  # a sharded run that waited for its jobs also reports
-        from harness.cli.report import report_dir
+    if args.no_report:
+        return 0
+    from harness.cli.report import report_dir  # every case has its row, whatever the executor
 
-        return report_dir(out)
-    return 0
+    return report_dir(out)
 
 
 def run_default() -> Path:

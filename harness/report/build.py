@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -256,16 +257,29 @@ h1{font-size:1.6em;margin-bottom:.2em}
 h2{font-size:1.3em;margin-top:2em;padding-bottom:.2em;border-bottom:2px solid #d0d7de}
 h3{font-size:1.05em;margin-top:1.4em;color:#333}h4{font-size:.95em;margin:1em 0 .3em;color:#555}
 p{max-width:110ch}
-table{border-collapse:collapse;font-size:13px;margin:.6em 0 1.2em;
+table{max-width:100%;border-collapse:collapse;font-size:13px;margin:.6em 0 1.2em;
   font-variant-numeric:tabular-nums;box-shadow:0 1px 2px rgba(0,0,0,.06)}
 th{background:#f1f3f5;font-weight:600;text-align:right;position:sticky;top:0}
-td,th{border:1px solid #d8dee4;padding:4px 9px;text-align:right;white-space:nowrap}
+td,th{border:1px solid #d8dee4;padding:4px 9px;text-align:right;overflow-wrap:break-word}
+td{overflow-wrap:anywhere}td.word,th.word{white-space:nowrap}
 td:first-child,th:first-child{text-align:left}
 tbody tr:nth-child(even){background:#fafbfc}tbody tr:hover{background:#eef6ff}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}
 pre{background:#f6f8fa;padding:1em;overflow:auto;font-size:12px}
 summary{cursor:pointer;color:#0969da}
 """.replace("\n", "")
+
+
+# A cell of one short word (a number, a variant, a pass): kept on one line, so that a
+# narrow column never splits 2.61e-07 at its hyphen. Longer cells wrap (at spaces, and
+# anywhere in the body if they must), so a wide table fits the page's width
+# (max-width:100%) instead of running off its right edge.
+_WORD = re.compile(r"<(td|th)>([^<\s]{1,16})</\1>")
+
+
+def _table_html(df: pd.DataFrame) -> str:
+    text = df.fillna("–").to_html(index=False, border=0, escape=True)
+    return _WORD.sub(r'<\1 class="word">\2</\1>', text)
 
 
 def to_html(blocks: list[tuple], title: str) -> str:
@@ -277,7 +291,7 @@ def to_html(blocks: list[tuple], title: str) -> str:
         elif b[0] == "p":
             out.append(f"<p>{html.escape(b[1])}</p>")
         elif b[0] == "table" and not b[1].empty:
-            out.append(b[1].fillna("–").to_html(index=False, border=0, escape=True))
+            out.append(_table_html(b[1]))
         elif b[0] == "img":
             data = base64.b64encode(b[1].read_bytes()).decode("ascii")
             out.append(f"<img alt='{html.escape(b[2])}' src='data:image/png;base64,{data}'>")
