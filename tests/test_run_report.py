@@ -4,10 +4,11 @@ HTML report's tables fit the page's width instead of running off its right edge.
 import csv
 import re
 
+import pandas as pd
 import pytest
 
 import run_bench
-from harness.report.build import write_report
+from harness.report.build import to_html, write_report
 from report_synth import synthetic_rows, write_run
 
 # The quick preset cut to two cases that take a second each (no captured inputs).
@@ -95,3 +96,14 @@ def test_html_tables_wrap_to_the_page_width(tmp_path):
     for _, word, text in cells:  # one short word on one line; anything longer may wrap
         assert bool(word) == (" " not in text and len(text) <= 16), (word, text)
     assert any(" " in text and len(text) > 20 for _, _, text in cells)  # a long cell to wrap
+
+
+def test_only_short_words_are_kept_whole():
+    """A number stays on one line; a long label without spaces may still break, or it
+    would widen its column past the page as the old nowrap did."""
+    df = pd.DataFrame({"variant": ["block_sparse(block_size=128,num_random_blocks=3)"],
+                       "rel_err": ["2.61e-07"], "answer": ["no faster approximate path"]})
+    page = to_html([("table", df)], "t")
+    assert '<td class="word">2.61e-07</td>' in page
+    assert "<td>block_sparse(block_size=128,num_random_blocks=3)</td>" in page
+    assert "<td>no faster approximate path</td>" in page
