@@ -18,8 +18,8 @@ import torch
 import variants
 from dispatch_probe import LargestOutput
 from variants.linear import random_projection
-from variants.linformer import segment_sizes
-from variants.reference import exact_reference, naive_attention
+from variants.low_rank import segment_sizes
+from variants.core import exact_reference, naive_attention
 from variants.sliding_window import band_mask
 
 NAMES = ("scatterbrain", "longshort")

@@ -14,6 +14,7 @@
 """
 
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -203,7 +204,6 @@ def test_cuda_matmul_rate_in_each_dtype():
 def _fake_xformers(monkeypatch, raises: bool) -> None:
     """A stand-in xformers package whose kernel call raises as a wheel built for another
     torch does (no CUDA operators), or runs."""
-    import sys
     import types
 
     def memory_efficient_attention(q, k, v, attn_bias=None):
@@ -225,22 +225,53 @@ def _fake_xformers(monkeypatch, raises: bool) -> None:
 def test_xformers_without_kernels_for_this_torch_is_a_reason_not_an_error(monkeypatch, raises):
     """The H200 run's xformers wheel imported but had no CUDA operators: every xformers
     case was an error row. The probe turns that into the reason the case is skipped."""
-    from variants import exact
+    from variants.exact import exact
 
     _fake_xformers(monkeypatch, raises)
     why = exact.kernel_missing.__wrapped__("cpu", torch.float32)  # uncached
     if raises:
-        assert why.startswith("xformers 0.0.0 has no kernel for cpu torch.float32")
-        assert "No operator found" in why and "\n" not in why
+        assert why.startswith("xformers 0.0.0 failed its probe call on cpu torch.float32")
+        assert "NotImplementedError: No operator found" in why and "\n" not in why
     else:
         assert why == ""
 
 
+def test_any_failure_of_the_xformers_probe_is_a_reason(monkeypatch):
+    """Planning a GPU run on a CPU machine with xformers installed ended in "AssertionError:
+    Torch not compiled with CUDA enabled" from the probe's CUDA tensor: whatever the probe
+    raises is the reason, one line, naming the exception."""
+    from variants.exact import exact
+
+    _fake_xformers(monkeypatch, raises=False)
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    monkeypatch.setattr(sys.modules["xformers.ops"], "memory_efficient_attention", no_cuda)
+    why = exact.kernel_missing.__wrapped__("cuda", torch.float16)
+    assert "AssertionError: Torch not compiled with CUDA enabled" in why and "\n" not in why
+
+
+def test_xformers_probe_runs_only_where_cuda_exists(monkeypatch):
+    from variants.exact import exact
+
+    _fake_xformers(monkeypatch, raises=True)
+
+    def probe(device, dtype):
+        raise AssertionError("the probe ran without a CUDA device")
+
+    monkeypatch.setattr(exact, "kernel_missing", probe)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    why = exact.xformers_reasons(torch.device("cuda"), torch.float16)
+    assert len(why) == 1 and why[0].startswith("no CUDA device here")
+
+
 def test_xformers_reasons_ask_the_kernel_probe_on_cuda(monkeypatch):
-    from variants import exact
+    from variants.exact import exact
 
     _fake_xformers(monkeypatch, raises=True)
     monkeypatch.setattr(exact, "kernel_missing", lambda device, dtype: f"none on {device}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert exact.xformers_reasons(torch.device("cuda"), torch.float16) == ["none on cuda"]
     assert variants.build("sliding_window_xformers").unsupported_reasons(
         device="cuda", dtype=torch.float16, causal=False, seq_len=64, head_dim=8,

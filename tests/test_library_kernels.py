@@ -54,7 +54,7 @@ def test_sdpa_mask_is_the_pattern(name, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window,N", [(0, 10), (3, 50), (64, 300), (400, 300)])
 def test_xformers_window_bias_is_our_band(window, N, causal):
-    from variants.xformers_bias import window_bias
+    from variants.library.xformers_bias import window_bias
 
     bias = window_bias(window, causal).materialize((N, N), dtype=torch.float32)
     ours = _dense(variants.build("sliding_window_xformers", window=window).key_mask(N), N, causal)
@@ -109,7 +109,8 @@ def test_a_family_with_one_implementation_has_no_group():
 def test_sdpa_mask_built_in_row_blocks_is_the_pattern(monkeypatch, name, params, causal):
     """The N x N mask is filled a few rows at a time (no int64 N x N temporary); with
     blocks of 3 to 4 rows, a ragged last block included, it is still the whole pattern."""
-    from variants import dense_mask, sdpa_mask
+    from variants import dense_mask
+    from variants.library import sdpa_mask
 
     monkeypatch.setattr(sdpa_mask, "_BLOCK_PAIRS", 101)
     for n in (1, 33, 100):

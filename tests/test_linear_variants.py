@@ -1,7 +1,7 @@
 """linear (elu+1) and performer (FAVOR+) against plain float64 quadratic forms of their kernels.
 
-The naive references here are written independently of variants/linear.py,
-variants/linear_core.py and variants/linear_causal.py: the N x N kernel matrix
+The naive references here are written independently of variants/linear/ (linear.py,
+noncausal.py and causal.py): the N x N kernel matrix
 phi(q) phi(k)^T, masked, normalised row by row (flash-linear-attention's habit of a plain
 ground truth for every fast op, forward and backward, at odd lengths).
 """
@@ -12,8 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import variants
 from variants import exact_reference
-from variants.linear_causal import causal_linear_attention
-from variants.linear_core import kernel_attention
+from variants.linear.causal import causal_linear_attention
+from variants.linear.noncausal import kernel_attention
 
 
 def qkv(B=1, H=2, N=100, D=16, dtype=torch.float64, seed=0, scale=1.0, requires_grad=False):
@@ -107,8 +107,8 @@ def test_streamed_causal_path_equals_the_quadratic_form(name, N, chunk, rows):
     raises the stabiliser and the carried state must be rescaled. Against the float64
     quadratic form of the same features, and against the differentiable path."""
     from variants.linear import EluFeatures
-    from variants.linear_causal import causal_kernel_attention
-    from variants.linear_core import sequence_features
+    from variants.linear.causal import causal_kernel_attention
+    from variants.linear.noncausal import sequence_features
     q, k, v = qkv(N=N, seed=N + chunk, scale=3.0)
     if name == "linear":
         fmap, eps = EluFeatures(), 1e-6
@@ -332,7 +332,7 @@ def test_inference_path_equals_the_differentiable_path(name, N):
 def test_softmax_logsumexp_matches_torch_and_its_gradient():
     """The fused feature op against torch.softmax and torch.logsumexp, values and gradients
     (float64 gradcheck, including rows whose entries are far apart)."""
-    from variants.linear import _SoftmaxLogSumExp
+    from variants.linear.linear import _SoftmaxLogSumExp
     g = torch.Generator().manual_seed(0)
     spread = torch.tensor([1.0, 30.0, 300.0], dtype=torch.float64).view(1, 3, 1, 1)
     u = torch.randn(2, 3, 7, 40, generator=g, dtype=torch.float64) * spread

@@ -7,9 +7,9 @@ import torch
 
 import variants
 from harness.measure.inputs import make_inputs
-from variants.linformer import segment_means, segment_sizes
+from variants.low_rank import segment_means, segment_sizes
 from variants.nystrom import iterative_pinv
-from variants.reference import exact_reference
+from variants.core import exact_reference
 
 
 def rel_err(o: torch.Tensor, ref: torch.Tensor) -> float:
@@ -259,7 +259,7 @@ def test_no_n_by_n_tensor_saved_for_backward(name, params):
 @pytest.mark.parametrize("bias", [False, True])
 def test_softmax_attention_forward_and_backward_match_plain_autograd(Nq, Nk, budget, bias):
     """Blocks of one head and a few rows (tiny budgets), or all heads and rows at once."""
-    from variants.linformer import softmax_attention
+    from variants.low_rank import softmax_attention
     g = torch.Generator().manual_seed(Nq + Nk)
     q = torch.randn(2, 3, Nq, 8, generator=g, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 3, Nk, 8, generator=g, dtype=torch.float64, requires_grad=True)

@@ -72,7 +72,7 @@ def test_parameters_are_checked_for_type_range_and_choice():
         with pytest.raises(ValueError, match="already registered"):
             register(_Toy)
     finally:
-        variants.registry._REGISTRY.pop("_registry_toy", None)
+        variants.core.registry._REGISTRY.pop("_registry_toy", None)
 
 
 def readme_example() -> str:
@@ -89,15 +89,16 @@ def test_readme_lists_every_registered_variant():
 
 
 def test_a_dropped_in_variant_runs_through_the_whole_kit(tmp_path):
-    """One new file and one import line: listed by names() and conformance-tested."""
+    """One new file in a family's folder and one import line in its __init__: listed by
+    names() and conformance-tested."""
     shutil.copytree(ROOT / "variants", tmp_path / "variants",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "tests", tmp_path / "tests",
                     ignore=shutil.ignore_patterns("__pycache__", "benchmarks"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    (tmp_path / "variants" / "toy.py").write_text(readme_example())
-    with open(tmp_path / "variants" / "__init__.py", "a") as f:
-        f.write("from . import toy  # noqa: E402,F401\n")
+    (tmp_path / "variants" / "exact" / "toy.py").write_text(readme_example())
+    with open(tmp_path / "variants" / "exact" / "__init__.py", "a") as f:
+        f.write("from . import toy  # noqa: F401\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     listed = subprocess.run([sys.executable, "-c", "import variants; print(variants.names())"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, check=True)

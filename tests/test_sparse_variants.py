@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import variants
-from variants.reference import dense_mask, exact_reference, naive_attention
+from variants.core import dense_mask, exact_reference, naive_attention
 from dispatch_probe import LargestOutput
 
 CASES = [
@@ -139,7 +139,7 @@ def test_sliding_window_chunk_groups(monkeypatch, chunks, causal):
     whole mask) and large ones alone (only their masked corner runs): both, and a last
     group shorter than the rest (10 chunks in groups of 3), match the dense float64 form,
     forward and gradients."""
-    import variants.sliding_window as sw
+    import variants.sliding_window.sliding_window as sw
     N, B, H = 300, 2, 3
     m = variants.build("sliding_window", window=40)
     w, c, L = sw.band_span(40, N, causal)
@@ -273,7 +273,7 @@ def test_in_place_softmax_matches_torch_softmax(dtype):
     """softmax_ writes over its input (the sparse kernels' score buffers): it must equal
     torch.softmax on a copy, masked (-inf) entries included, and softmax_lse_ must return
     torch.logsumexp beside it."""
-    from variants.base import softmax_, softmax_lse_
+    from variants.core import softmax_, softmax_lse_
     s = torch.randn(3, 5, 70, generator=torch.Generator().manual_seed(0)).mul_(4).to(dtype)
     s[..., 40:].masked_fill_(torch.rand(3, 5, 30, generator=torch.Generator().manual_seed(1))
                              < 0.5, float("-inf"))
@@ -294,7 +294,7 @@ def test_exp_in_place_is_exp_to_its_bound(dtype):
     its docstring states, |x| eps relative from rounding log2 e and x log2 e, plus two
     units in the last place; -inf gives 0, as the recomputed probabilities of masked
     scores need."""
-    from variants.base import exp_
+    from variants.core import exp_
     x = torch.linspace(-80, 80, 20001, dtype=torch.float64).to(dtype)
     x[::7] = torch.randn(len(x[::7]), generator=torch.Generator().manual_seed(0),
                          dtype=torch.float64).mul_(4).to(dtype)
@@ -310,7 +310,7 @@ def test_exp_in_place_is_exp_to_its_bound(dtype):
 def test_workspace_reuses_one_buffer_and_grows():
     """Views of one name share storage until a larger shape is asked for (the point: a call
     allocates each buffer once)."""
-    from variants.base import Workspace
+    from variants.core import Workspace
     ws = Workspace(torch.empty(0, dtype=torch.float64))
     a = ws("s", 4, 8)
     b = ws("s", 2, 8)

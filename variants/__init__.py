@@ -1,29 +1,34 @@
-"""attnbench variants: one file per family, each registering itself.
+"""attnbench variants: a package per family, each registering its variants on import.
 
     import variants
     variants.names()                      # every registered variant
     m = variants.build("sdpa")            # a torch.nn.Module
     o = m(q, k, v, causal=False)          # q, k, v: (B, H, N, D)
 
-Adding a variant: one new file in this package and one import line below.
+`core/` is the bottom: the interface, the registry and the float64 exact reference. Each
+family's folder holds its variants and the kernels only they use, and imports `core` and,
+where it builds on another family, that family's public names (its `__init__`), never its
+modules. `library/` holds library kernels (flex, SDPA with a mask, xformers biases) of
+our families' algorithms.
+
+Adding a variant: one new file in its family's folder (or a new folder for a new family)
+and one import line in that folder's `__init__.py` (a new folder: one line below too).
 """
 
-from .base import KeyMask, Variant, param
-from .reference import dense_mask, exact_reference, naive_attention, softmax_weights
-from .registry import ParamSpec, VariantSpec, build, make_params, names, register, spec
+from .core import (WEIGHTS_MAX_N, KeyMask, ParamSpec, Variant, VariantSpec, build, dense_mask,
+                   exact_reference, make_params, naive_attention, names, param, register,
+                   softmax_weights, spec)
 
-__all__ = ["KeyMask", "ParamSpec", "Variant", "VariantSpec", "build", "dense_mask",
+__all__ = ["WEIGHTS_MAX_N", "KeyMask", "ParamSpec", "Variant", "VariantSpec", "build", "dense_mask",
            "exact_reference", "make_params", "naive_attention", "names", "param",
            "register", "softmax_weights", "spec"]
 
-# The variant families; importing a module registers its variants.
+# The families, in registration order; importing a package registers its variants.
 from . import exact  # noqa: E402,F401
 from . import sliding_window  # noqa: E402,F401
-from . import block_sparse  # noqa: E402,F401
-from . import linformer  # noqa: E402,F401
+from . import sparse  # noqa: E402,F401
+from . import low_rank  # noqa: E402,F401
 from . import nystrom  # noqa: E402,F401
 from . import linear  # noqa: E402,F401
 from . import band_lowrank  # noqa: E402,F401
-from . import flex  # noqa: E402,F401
-from . import sdpa_mask  # noqa: E402,F401
-from . import xformers_bias  # noqa: E402,F401
+from . import library  # noqa: E402,F401

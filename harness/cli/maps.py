@@ -74,7 +74,7 @@ def maps_command(args) -> int:
     if args.input not in DISTRIBUTIONS + tuple(capture.BUILTIN):
         raise UsageError(f"--input: expected one of {', '.join(capture.BUILTIN)}, "
                          f"{', '.join(DISTRIBUTIONS)}; got {args.input!r}")
-    N = _int(args.seq_len, "seq-len", 1, variants.base.WEIGHTS_MAX_N)
+    N = _int(args.seq_len, "seq-len", 1, variants.WEIGHTS_MAX_N)
     layer, head = _int(args.layer, "layer", 0), _int(args.head, "head", 0)
     D = _int(args.head_dim, "head-dim", 1)
     specs = parse_variants(args.variants)

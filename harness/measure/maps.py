@@ -93,7 +93,7 @@ def compute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     "ok": row_cos, neg_mass (share of the map's absolute mass on negative weights), map and
     diff (its array names). q, k, v: (1, 1, N, D).
     """
-    from variants.reference import softmax_weights
+    from variants import softmax_weights
 
     exact = softmax_weights(q.double(), k.double(), causal)[0, 0]  # (N, N)
     records, arrays = [], {}

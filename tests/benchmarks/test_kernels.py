@@ -2,7 +2,7 @@
 
     python -m pytest tests/benchmarks/test_kernels.py --benchmark-only
 
-- "exp": torch.exp against torch.exp2 and `variants.base.exp_` (exp2 with its scaling
+- "exp": torch.exp against torch.exp2 and `variants.core.exp_` (exp2 with its scaling
   pass) over 2^19 float32 elements (why the sparse backward passes and elu+1 use exp_).
 - "block products": one 1024-row block of the linear core at B H = 8, M = D = 64: the
   key product with 64 and with 65 (= D + 1) columns, and the normaliser as a one-column
@@ -14,7 +14,7 @@
 import pytest
 import torch
 
-from variants.base import exp_
+from variants.core import exp_
 
 # -- exp ------------------------------------------------------------------------------
 

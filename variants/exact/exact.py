@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 
 import torch
 import torch.nn.functional as F
 
-from .base import Variant
-from .reference import naive_attention
-from .registry import register
+from ..core import Variant, naive_attention, register
 
 
 class _Exact(Variant):
@@ -64,6 +63,9 @@ def xformers_reasons(device: torch.device, dtype: torch.dtype) -> list[str]:
                 f"{device.type}"]
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return [f"xformers memory_efficient_attention does not take {dtype}"]
+    if not torch.cuda.is_available():  # planning a GPU run here: nothing to probe
+        return [f"no CUDA device here to run xformers on (torch {torch.__version__}, "
+                f"CUDA available: no)"]
     missing = kernel_missing(str(device), dtype)
     return [missing] if missing else []
 
@@ -71,20 +73,24 @@ def xformers_reasons(device: torch.device, dtype: torch.dtype) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def kernel_missing(device: str, dtype: torch.dtype) -> str:
     """Why xformers has no kernel for `device` and `dtype` ("" when it has one): one tiny
-    call, once per process. A wheel built for another torch installs and imports but has
-    no CUDA operators ("No operator found for `memory_efficient_attention_forward`"), and
-    every case would otherwise be an error row; as a reason it is a skip naming the cause."""
-    import xformers
-    from xformers.ops import memory_efficient_attention
-
-    x = torch.zeros(1, 8, 1, 8, device=device, dtype=dtype)  # (B, N, H, D)
+    call, once per process, made only where a CUDA device exists. A wheel built for another
+    torch installs and imports but has no CUDA operators ("No operator found for
+    `memory_efficient_attention_forward`"), or fails to import at all; every case would
+    otherwise be an error row or a traceback at planning, so any failure of the probe is
+    a skip reason naming it."""
     try:
+        import xformers
+        from xformers.ops import memory_efficient_attention
+
+        x = torch.zeros(1, 8, 1, 8, device=device, dtype=dtype)  # (B, N, H, D)
         memory_efficient_attention(x, x, x)
-    except NotImplementedError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return (f"xformers {getattr(xformers, '__version__', '?')} has no kernel for "
-                f"{device} {dtype} with this torch {torch.__version__} (built for another "
-                f"torch?): {first}")
+    except Exception as e:  # noqa: BLE001 -- the probe's whole job: any failure is the reason
+        text = str(e).strip()
+        first = text.splitlines()[0] if text else ""
+        version = getattr(sys.modules.get("xformers"), "__version__", "?")
+        return (f"xformers {version} failed its probe call on {device} {dtype} with torch "
+                f"{torch.__version__} (a wheel built for another torch?): "
+                f"{type(e).__name__}: {first}")
     return ""
 
 

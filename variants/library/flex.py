@@ -42,10 +42,9 @@ import shutil
 
 import torch
 
-from .base import KeyMask, Variant
-from .block_sparse import SameLayout
-from .registry import register
-from .sliding_window import SlidingWindowParams, band_mask, in_band, window_covers
+from ..core import KeyMask, Variant, register
+from ..sparse import SameLayout
+from ..sliding_window import SlidingWindowParams, band_mask, in_band, window_covers
 
 PAPER = "https://arxiv.org/abs/2412.05496"
 # Block size of the sliding-window BlockMask: flex_attention's default tile.

@@ -24,7 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import Workspace, exp_, softmax_, softmax_lse_, softmax_scale
+from ..core import Workspace, exp_, softmax_, softmax_lse_, softmax_scale
 
 
 def block_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import KeyMask, check_qkv, softmax_scale
+from .checks import KeyMask, check_qkv, softmax_scale
 
 # Budget for one chunk's float64 score block, in bytes.
 _CHUNK_BYTES = 64 * 2**20

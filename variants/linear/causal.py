@@ -1,7 +1,7 @@
 """Causal kernelised attention of the linear family, by chunked prefix sums; (B, H, N, D).
 
 o_i = sum_{j<=i} a_ij v_j / (sum_{j<=i} a_ij + eps), a_ij = phi(q_i).phi(k_j) >= 0, with
-the feature maps of `linear_core.py`. Within a chunk of C positions the masked C x C
+the feature maps of `noncausal.py`. Within a chunk of C positions the masked C x C
 quadratic form; across chunks the running state S = sum phi(k) v^T and z = sum phi(k),
 one (M, D + 1) state per chunk, so memory is O(N (M + C) + N M D / C) per head, never
 N x N nor N x M x D (`causal_linear_attention`, its backward written out in
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .linear_core import FeatureMap, sequence_features
+from .noncausal import FeatureMap, sequence_features
 
 
 def causal_kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -11,7 +11,7 @@ cache; whole-sequence features cost a fresh, page-faulted allocation per call. T
 write into preallocated buffers, and the backward is written out (`_KernelAttention`):
 autograd through the blocks kept every block's intermediates and concatenated them.
 
-The causal cores are in `linear_causal.py`.
+The causal cores are in `causal.py`.
 """
 
 from __future__ import annotations

@@ -30,8 +30,7 @@ import math
 
 import torch
 
-from .base import Variant, Workspace, param, softmax_, softmax_scale
-from .registry import register
+from ..core import Variant, Workspace, param, register, softmax_, softmax_scale
 
 
 def segment_sizes(N: int, m: int) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from .base import Variant
+from .interface import Variant
 
 _REGISTRY: dict[str, type[Variant]] = {}
 

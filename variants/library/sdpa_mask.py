@@ -15,10 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import KeyMask, Variant
-from .block_sparse import SameLayout
-from .registry import register
-from .sliding_window import SlidingWindowParams, band_mask, window_covers
+from ..core import KeyMask, Variant, register
+from ..sparse import SameLayout
+from ..sliding_window import SlidingWindowParams, band_mask, window_covers
 
 # (query, key) pairs per block of mask rows: int64 temporaries of 32 MiB at most.
 _BLOCK_PAIRS = 2**22

@@ -22,9 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..core import KeyMask, Variant, param, register, softmax_scale
 from .band_rows import band_rows_attention
-from .base import KeyMask, Variant, param, softmax_scale
-from .registry import register
 
 # Query-chunk rows: half the window, within these bounds. A chunk scores c + 2w keys per
 # query against the band's 2w + 1, so smaller chunks waste less work; below ~32 rows the

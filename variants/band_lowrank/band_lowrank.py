@@ -15,7 +15,7 @@ through a low-rank stand-in; one softmax denominator covers both.
   of nonnegative terms, so it never cancels below zero and needs no floor (the reference
   code clamps that difference at 1e-24). Far keys j <= i - w - 1 are a causal linear
   attention with a lag of w + 1 rows, those j >= i + w + 1 an anticausal one: chunked
-  prefix (suffix) sums (`linear_causal.lagged_kernel_sum`), O(N (C m + m D)).
+  prefix (suffix) sums (`variants.linear.lagged_kernel_sum`), O(N (C m + m D)).
   Stability, in log space as the reference code's `logaddexp` of the two parts: the
   query features carry a per-row log scale and the key features one shift per (batch,
   head) (Performer's stabilisers), the band's scores their row maximum, and both parts
@@ -48,12 +48,10 @@ import math
 
 import torch
 
-from .base import Variant, param, softmax_scale
-from .linear import Performer, PerformerParams, _compute_dtype
-from .linear_causal import lagged_kernel_flops, lagged_kernel_sum
-from .linformer import segment_means, segment_sizes
-from .registry import register
-from .sliding_window import (MaskCache, band_drop_mask, band_mask, band_span, band_views,
+from ..core import Variant, compute_dtype, param, register, softmax_scale
+from ..linear import Performer, PerformerParams, lagged_kernel_flops, lagged_kernel_sum
+from ..low_rank import segment_means, segment_sizes
+from ..sliding_window import (MaskCache, band_drop_mask, band_mask, band_span, band_views,
                              group_chunks, window_covers)
 
 # Chunk rows of the far field's prefix sums (2 C m + 4 m D FLOPs per row and direction; 64
@@ -131,7 +129,7 @@ class Scatterbrain(Variant):
         B, H, N, D = q.shape
         if N == 0:
             return q.clone()
-        dtype, dt = q.dtype, _compute_dtype(q.dtype)  # features and sums in float32 at least
+        dtype, dt = q.dtype, compute_dtype(q.dtype)  # features and sums in float32 at least
         q, k, v = (t.to(dt) for t in (q, k, v))
         w, c, L = band_span(self.params.window, N, causal)
         nc = math.ceil(N / c)
@@ -161,7 +159,7 @@ class Scatterbrain(Variant):
         """exp(s_ij) in the band, phi(q_i).phi(k_j) outside it, over their row sum; with the
         forward's shifts, so weights @ v is its output to rounding."""
         B, H, N, D = q.shape
-        dt = _compute_dtype(q.dtype)
+        dt = compute_dtype(q.dtype)
         q, k = q.to(dt), k.to(dt)
         w, _, _ = band_span(self.params.window, N, causal)
         band = _band_mask_dense(N, w, causal, q.device)  # (N, N)

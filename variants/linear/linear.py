@@ -32,7 +32,7 @@ Two feature maps phi (M features) share one kernelised-attention core:
   only past keys set it.
 
 The kernelised-attention cores (non-causal in blocks, causal by chunked prefix sums) are
-in `linear_core.py` and `linear_causal.py`.
+in `noncausal.py` and `causal.py`.
 
 Accumulation dtype: float64 inputs compute in float64, everything else (bfloat16, float16,
 float32) computes features and sums in float32, and the output is cast back to q's dtype.
@@ -45,22 +45,17 @@ import math
 
 import torch
 
-from .base import Variant, exp_, param, softmax_, softmax_logsumexp, softmax_lse_
-from .linear_causal import causal_kernel_attention, core_flops
-from .linear_core import (FeatureMap, block_rows, kernel_attention, kernel_weights,
+from ..core import (Variant, compute_dtype, exp_, param, register, softmax_,
+                    softmax_logsumexp, softmax_lse_)
+from .causal import causal_kernel_attention, core_flops
+from .noncausal import (FeatureMap, block_rows, kernel_attention, kernel_weights,
                           sequence_features)
-from .registry import register
 
 # Chunk length of the causal scheme. Per row the intra-chunk form costs 2 C (M + D) FLOPs
 # and the state path 4 M D; C = 2 M D / (M + D) balances them (64 for M = D = 64, ~100 for
 # M = 256). Timings at N=16384 on the shared 2-core CPU were too noisy to pick finer.
 _CHUNK_LINEAR = 64
 _CHUNK_PERFORMER = 128
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; low precision and float32 accumulate in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class _SoftmaxLogSumExp(torch.autograd.Function):
@@ -170,13 +165,13 @@ class Linear(Variant):
 
     def feature_maps(self, q, k):
         """phi(q), phi(k), each (B, H, N, D), elu(x) + 1 in the compute dtype."""
-        dt = _compute_dtype(q.dtype)
+        dt = compute_dtype(q.dtype)
         return sequence_features(q.to(dt), k.to(dt), EluFeatures())
 
     def attend(self, q, k, v, causal):
         eps = self.params.eps
         B, H, _, D = q.shape
-        dt, dtype = _compute_dtype(q.dtype), q.dtype
+        dt, dtype = compute_dtype(q.dtype), q.dtype
         q, k, v = q.to(dt), k.to(dt), v.to(dt)
         if causal:
             o = causal_kernel_attention(q, k, v, EluFeatures(), eps, _CHUNK_LINEAR,
@@ -263,12 +258,12 @@ class Performer(Variant):
         after a shift, to the values (r x D) rather than to the features (r x m).
         """
         fmap = self.feature_map(D, dtype, device)
-        dt = _compute_dtype(dtype)
+        dt = compute_dtype(dtype)
         return (lambda x: fmap.query(x.to(dt))), (lambda x: fmap.key(x.to(dt)))
 
     def feature_map(self, D: int, dtype: torch.dtype, device: torch.device) -> FavorFeatures:
         """The `FavorFeatures` of one forward call, in the compute dtype of `dtype`."""
-        dt = _compute_dtype(dtype)
+        dt = compute_dtype(dtype)
         scale = D ** -0.25
         # (D, m), drawn once per call at most; the D^-1/4 is folded into it: x.w = (k s).w = k.(s w).
         return FavorFeatures((self._projection(D, device, dt) * scale).T, scale)
@@ -276,14 +271,14 @@ class Performer(Variant):
     def feature_maps(self, q, k):
         """phi(q), phi(k) (B, H, N, m) in the compute dtype: phi(q) up to a factor per row,
         phi(k) up to one factor per (batch, head) (both cancel)."""
-        dt = _compute_dtype(q.dtype)
+        dt = compute_dtype(q.dtype)
         return sequence_features(q.to(dt), k.to(dt), self.feature_map(q.shape[-1], q.dtype,
                                                                       q.device))
 
     def attend(self, q, k, v, causal):
-        eps = torch.finfo(_compute_dtype(q.dtype)).tiny
+        eps = torch.finfo(compute_dtype(q.dtype)).tiny
         B, H, _, D = q.shape
-        dt, dtype = _compute_dtype(q.dtype), q.dtype
+        dt, dtype = compute_dtype(q.dtype), q.dtype
         fmap = self.feature_map(D, dtype, q.device)
         rows = block_rows(B, H, self.params.num_features)
         q, k, v = q.to(dt), k.to(dt), v.to(dt)

@@ -21,7 +21,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import Workspace, exp_, softmax_, softmax_lse_, softmax_scale
+from ..core import Workspace, exp_, softmax_, softmax_lse_, softmax_scale
 
 
 def band_rows_attention(q, k, v, w: int, c: int, L: int, causal: bool, drop, G: int):

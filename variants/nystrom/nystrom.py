@@ -29,9 +29,8 @@ import dataclasses
 
 import torch
 
-from .base import Variant, param, softmax_scale
-from .linformer import segment_means, softmax_attention
-from .registry import register
+from ..core import Variant, param, register, softmax_scale
+from ..low_rank import segment_means, softmax_attention
 
 
 def iterative_pinv(A: torch.Tensor, iterations: int) -> torch.Tensor:

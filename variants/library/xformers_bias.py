@@ -17,10 +17,9 @@ N x N baseline again (that is `block_sparse_sdpa_mask`).
 from __future__ import annotations
 
 
-from .base import KeyMask, Variant
-from .exact import xformers_reasons
-from .registry import register
-from .sliding_window import SlidingWindowParams, band_mask, window_covers
+from ..core import KeyMask, Variant, register
+from ..exact import xformers_reasons
+from ..sliding_window import SlidingWindowParams, band_mask, window_covers
 
 
 def window_bias(window: int, causal: bool):

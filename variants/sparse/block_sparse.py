@@ -36,9 +36,8 @@ import math
 
 import torch
 
-from .base import KeyMask, Variant, param
+from ..core import KeyMask, Variant, param, register
 from .block_rows import block_rows_attention
-from .registry import register
 
 # Plans a module keeps (per length, causal, device and B H); a causal plan holds ~N * 8
 # blocks of mask bytes.

@@ -1,0 +1,22 @@
+"""The bottom of variants/: the interface, the registry and the float64 exact reference.
+
+`interface.Variant` is the pure q, k, v -> o map every variant subclasses; `registry` is the
+one list of variants (`register`, `build`, `names`, `spec`); `reference` is exact softmax
+attention in float64, in query chunks, that every error is measured against; `checks`
+(shapes, key masks, the 1/sqrt(D) scale) sits below both; `ops` holds the in-place numerics
+the families' kernels share. Imports: torch only; nothing from the families.
+"""
+
+from .checks import KeyMask, check_qkv, softmax_scale
+from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
+from .ops import (Workspace, compute_dtype, exp_, softmax_, softmax_logsumexp,
+                  softmax_lse_)
+from .reference import dense_mask, exact_reference, naive_attention, softmax_weights
+from .registry import (ParamSpec, VariantSpec, build, make_params, names, register,
+                       spec)
+
+__all__ = ["WEIGHTS_MAX_N", "KeyMask", "NoParams", "ParamSpec", "Variant", "VariantSpec",
+           "Workspace", "build", "check_qkv", "compute_dtype", "dense_mask", "exact_",
+           "exact_reference", "make_params", "naive_attention", "names", "param",
+           "register", "softmax_", "softmax_logsumexp", "softmax_lse_", "softmax_scale",
+           "softmax_weights", "spec"]
