@@ -48,3 +48,5 @@ def test_ci_runs_the_tests_requiring_slurm_when_it_starts(tmp_path):
     r, calls = _run_ci(tmp_path, slurm_starts=True)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert "python -m pytest REQUIRE=1" in calls
+    # the README's install: the optional extras too, so an installed extra is tested
+    assert "pip install -e .[test,xformers]" in calls

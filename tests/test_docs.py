@@ -28,7 +28,7 @@ def test_readme_is_a_front_door():
     assert len(lines) <= 300
     first = "\n".join(lines[:40])
     assert "pip install -e . && python run_bench.py" in first  # the main job
-    assert "pip install -e '.[test]' && python -m pytest" in first  # the tests
+    assert "pip install -e '.[test,xformers]' && python -m pytest" in first  # the tests
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
