@@ -19,7 +19,8 @@ import pytest
 
 import run_bench
 from harness.measure import matrix as mx
-from harness.cluster import executors, sharded, shards
+from harness.cluster import engine, executors, sharded, shards
+from harness.cluster.shards import MATRIX as files
 from harness.measure.store import COLUMNS
 from harness.report import provenance
 from harness.measure.worker import EXTRA_ENV, import_extra
@@ -84,12 +85,12 @@ def _same_as_serial(serial_csv: Path, folder: Path, jobs: int) -> None:
     assert [r["case_id"] for r in _rows(sharded)] == [r["case_id"] for r in _rows(serial_csv)]
     assert {r["status"] for r in _rows(sharded)} == {"ok"}
     # every case was measured once: no id twice over the shard files
-    ids = Counter(r["case_id"] for i in shards.shard_indices(folder)
-                  for r in _rows(shards.shard_csv(folder, i)))
+    ids = Counter(r["case_id"] for i in files.shard_indices(folder)
+                  for r in _rows(files.shard_csv(folder, i)))
     assert set(ids.values()) == {1} and len(ids) == len(_rows(serial_csv))
     assert {r["rounds"] for r in _rows(sharded)} == {"2"}
-    for i in shards.shard_indices(folder):  # round 1 of its cases, then round 2 of them
-        parts = _PART.findall(shards.shard_log(folder, i).read_text())
+    for i in files.shard_indices(folder):  # round 1 of its cases, then round 2 of them
+        parts = _PART.findall(files.shard_log(folder, i).read_text())
         mine = [c for p, c in parts if p == "time"]
         assert mine and [p for p, _ in parts][-len(mine):] == ["retime"] * len(mine)
         assert [c for p, c in parts if p == "retime"] == mine
@@ -105,7 +106,7 @@ def test_slurm_two_shards_match_serial(tiny):
     cfg, d, serial = tiny
     assert _run(cfg, d, "slurm", "--executor", "slurm", "--shards", "2") == 0
     _same_as_serial(serial, d / "slurm", jobs=2)
-    jobs = shards.read_jobs(d / "slurm")
+    jobs = files.read_jobs(d / "slurm")
     assert [j["executor"] for j in jobs] == ["slurm", "slurm"] and "_" in jobs[0]["job_id"]
 
 
@@ -124,7 +125,7 @@ def test_local_two_shards_match_serial(tiny):
 @needs_slurm
 def test_scancel_one_shard_then_one_rerun_finishes_each_case_once(tmp_path, monkeypatch):
     monkeypatch.setenv(EXTRA_ENV, FAKES)  # the jobs inherit it and register the fakes
-    monkeypatch.setattr(sharded, "SCHEDULER_POLL_S", 1.0)  # a test need not spare squeue
+    monkeypatch.setattr(engine, "SCHEDULER_POLL_S", 1.0)  # a test need not spare squeue
     cfg = tmp_path / "slow.toml"
     # each case sleeps through ~7 calls: ~3 s, so the cancel (SIGTERM, then SIGKILL after
     # KillWait = 5 s) lands mid-shard and kills a worker in the middle of a case
@@ -134,25 +135,25 @@ def test_scancel_one_shard_then_one_rerun_finishes_each_case_once(tmp_path, monk
     argv = ("--executor", "slurm", "--shards", "2")
     assert _run(cfg, tmp_path, "r", *argv, "--no-wait") == 0
     folder = tmp_path / "r"
-    [a, b] = shards.read_jobs(folder)
+    [a, b] = files.read_jobs(folder)
     deadline = time.monotonic() + 120
-    while not _rows_or_none(shards.shard_csv(folder, a["shard"])):
+    while not _rows_or_none(files.shard_csv(folder, a["shard"])):
         assert time.monotonic() < deadline, "shard 0 wrote no row in 120 s"
         time.sleep(0.1)
     subprocess.run(["scancel", a["job_id"]], check=True)
     # at once, while squeue still shows the job (RUNNING, then COMPLETING for seconds): the
     # same command waits for it to end, resubmits what it left, and delivers the whole run
     assert _run(cfg, tmp_path, "r", *argv) == 0
-    done_before = len(_rows(shards.shard_csv(folder, a["shard"])))
+    done_before = len(_rows(files.shard_csv(folder, a["shard"])))
     assert 1 <= done_before < 3, "the cancel came after shard 0 had finished"
     planned = [c.case_id for c in mx.load(str(cfg))[1]]
     rows = _rows(folder / "results.csv")
     assert [r["case_id"] for r in rows] == planned
     assert {r["status"] for r in rows} == {"ok"}  # the killed worker left no error row
-    ids = Counter(r["case_id"] for i in shards.shard_indices(folder)
-                  for r in _rows(shards.shard_csv(folder, i)))
+    ids = Counter(r["case_id"] for i in files.shard_indices(folder)
+                  for r in _rows(files.shard_csv(folder, i)))
     assert ids == Counter(planned)  # each case finished exactly once over all shard files
-    jobs = shards.read_jobs(folder)
+    jobs = files.read_jobs(folder)
     assert len(jobs) == 3 and len(jobs[2]["cases"]) == 3 - done_before  # only the rest again
     assert jobs[0]["state"] in ("CANCELLED", "COMPLETING")
 
@@ -165,7 +166,7 @@ KILLER = ('heads = 1\nhead_dim = 16\npasses = ["forward"]\nmin_run_time_s = 0.01
 def _killer_run(tmp_path, monkeypatch, executor: str) -> tuple[Path, list[dict]]:
     """A run whose case _test_kills_job N=64 kills its job each time it runs."""
     monkeypatch.setenv(EXTRA_ENV, FAKES)
-    monkeypatch.setattr(sharded, "SCHEDULER_POLL_S", 1.0)
+    monkeypatch.setattr(engine, "SCHEDULER_POLL_S", 1.0)
     cfg = tmp_path / "killer.toml"
     cfg.write_text(KILLER)
     assert _run(cfg, tmp_path, "k", "--executor", executor, "--shards", "2",
@@ -179,11 +180,11 @@ def _killer_run(tmp_path, monkeypatch, executor: str) -> tuple[Path, list[dict]]
     assert "each of the 2 times it ran (1 + --max-retries 1)" in dead["reason"]
     assert "shards/shard-" in dead["reason"] and "_log.err" in dead["reason"]
     assert all(r["status"] == "ok" for k, r in by.items() if k != ("_test_kills_job", "64"))
-    jobs = shards.read_jobs(folder)
+    jobs = files.read_jobs(folder)
     # two shards, then the killer once more (it dies again), then nothing: no loop
     assert len(jobs) == 3 and jobs[-1]["cases"] == [dead["case_id"]]
-    ids = Counter(r["case_id"] for i in shards.shard_indices(folder)
-                  for r in _rows(shards.shard_csv(folder, i)))
+    ids = Counter(r["case_id"] for i in files.shard_indices(folder)
+                  for r in _rows(files.shard_csv(folder, i)))
     assert set(ids.values()) == {1} and len(ids) == 4  # no case finished twice
     return folder, jobs
 
@@ -206,7 +207,7 @@ def test_slurm_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_pa
 
 def _fake_job(folder: Path, shard: int, cases: list[str], logged: list[str]) -> dict:
     """An ended local job (no such process, no result) whose worker log names `logged`."""
-    log = shards.shard_log(folder, shard)
+    log = files.shard_log(folder, shard)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("".join(f"--- 2026-01-01T00:00:00+00:00 time {c} label\n" for c in logged))
     return {"shard": shard, "job_id": str(2**22 + 7 + shard), "executor": "local",
@@ -222,16 +223,16 @@ def test_a_dead_job_uses_the_chance_of_the_case_it_was_on(tmp_path, monkeypatch)
     jobs = [_fake_job(folder, 0, c[:3], [c[0], c[1]]),   # finished c0, died on c1
             _fake_job(folder, 1, c[3:], []),             # died before measuring anything
             _fake_job(folder, 2, c[1:3], [c[1]])]        # c1 again: died on it again
-    with shards.shard_csv(folder, 0).open("w", newline="") as f:
+    with files.shard_csv(folder, 0).open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerow({"case_id": c[0], "variant": "sdpa", "status": "ok"})
     submitted = []
-    monkeypatch.setattr(sharded, "_submit", lambda s, f, parts, first, created: submitted.extend(
+    monkeypatch.setattr(engine, "_submit", lambda w, s, f, parts, first, created: submitted.extend(
         {"shard": first + i, "job_id": "1", "executor": "local",
          "cases": [x.case_id for x in p]} for i, p in enumerate(parts)) or submitted)
-    rs = sharded._Resubmit(cases, folder, jobs, executors.Settings("local", 1, max_retries=1),
-                           rate=1e9)
+    rs = engine._Resubmit(sharded.WORK, cases, folder, jobs,
+                          executors.Settings("local", 1, max_retries=1), rate=1e9)
     used = rs._chances_used(live=set(), finished={c[0]})
     # c1: the case jobs 0 and 2 were on (c2, queued behind it, keeps its chances); c3: job
     # 1 named no case, so the cases it held lost one
@@ -242,25 +243,46 @@ def test_a_dead_job_uses_the_chance_of_the_case_it_was_on(tmp_path, monkeypatch)
     assert [(r["case_id"], r["status"]) for r in rows] == [(c[1], "error")]
     assert "local job 4194311 KILLED, 4194313 KILLED" in rows[0]["reason"]
     assert [j["cases"] for j in submitted] == [c[2:]]  # the others get their next chance
-    assert len(shards.read_jobs(folder)) == 4
+    assert len(files.read_jobs(folder)) == 4
+
+
+HOLDING = ("PENDING", "RUNNING", "CONFIGURING", "RESIZING", "SUSPENDED", "STOPPED", "REQUEUED")
+ENDED = ("COMPLETING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
+         "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REQUEUE_HOLD", "SPECIAL_EXIT", "REVOKED")
+
+
+def test_a_slurm_job_holds_its_units_only_in_the_states_that_keep_it(tmp_path, monkeypatch):
+    """executors.alive (the engine's only view of a job, for `run` and `train`) against a
+    squeue that lists one job in each state; COMPLETING (a cancelled job, for seconds)
+    ends the hold, REQUEUED keeps it (the job runs again)."""
+    states = HOLDING + ENDED
+    listing = "".join(f"{i}|{s}\n" for i, s in enumerate(states))
+    squeue = tmp_path / "squeue"
+    squeue.write_text(f"#!/bin/sh\nprintf '{listing}'\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    jobs = [{"job_id": str(i), "executor": "slurm"} for i in range(len(states) + 1)]
+    assert executors.states(jobs)[str(len(states))] == "GONE"  # squeue forgot it: ended
+    live = executors.alive(jobs)
+    assert {states[int(j)] for j in live} == set(HOLDING)
 
 
 def test_a_requeued_job_leaves_alone_what_a_newer_job_holds(tmp_path):
     folder = tmp_path / "run"
-    shards.write_jobs(folder, [{"shard": 0, "job_id": "1_0", "executor": "slurm",
+    files.write_jobs(folder, [{"shard": 0, "job_id": "1_0", "executor": "slurm",
                                 "cases": ["a" * 16, "b" * 16]}])
-    assert not shards.taken_elsewhere(folder, "b" * 16, 0)
+    assert not files.taken_elsewhere(folder, "b" * 16, 0)
     # shard 0's job ended (COMPLETING), b went to shard 2; then Slurm ran shard 0 again
-    shards.write_jobs(folder, shards.read_jobs(folder) + [
+    files.write_jobs(folder, files.read_jobs(folder) + [
         {"shard": 2, "job_id": "3", "executor": "slurm", "cases": ["b" * 16]}])
-    assert shards.taken_elsewhere(folder, "b" * 16, 0)
-    assert not shards.taken_elsewhere(folder, "a" * 16, 0)
-    assert not shards.taken_elsewhere(folder, "b" * 16, 2)  # the newest holder measures it
+    assert files.taken_elsewhere(folder, "b" * 16, 0)
+    assert not files.taken_elsewhere(folder, "a" * 16, 0)
+    assert not files.taken_elsewhere(folder, "b" * 16, 2)  # the newest holder measures it
     with (folder / "results.csv").open("w", newline="") as f:  # a was given up on: a row
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerow({"case_id": "a" * 16, "status": "error"})
-    assert shards.taken_elsewhere(folder, "a" * 16, 0)
+    assert files.taken_elsewhere(folder, "a" * 16, 0)
 
 
 @needs_slurm

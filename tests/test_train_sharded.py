@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 import run_bench
-from harness.cluster import trained
-from test_sharded import needs_slurm
+from harness.cluster import engine, shards
+from harness.cluster.shards import TRAIN as files
+from harness.files import TRAIN_COLUMNS
+from harness.measure.worker import EXTRA_ENV
+from harness.train import matrix as tm
+from test_sharded import FAKES, needs_slurm
 
 TINY = """
 task = "mqar"
@@ -60,8 +67,8 @@ def _same_as_serial(rows: list[dict], folder: Path, jobs: int) -> None:
     got = _rows(folder / "train.csv")
     assert [{k: r[k] for k in SAME} for r in got] == [{k: r[k] for k in SAME} for r in rows]
     assert [r["status"] for r in got] == ["ok", "ok", "skipped", "ok"]
-    ids = Counter(r["config_id"] for i in trained.shard_indices(folder)
-                  for r in _rows(trained.shard_csv(folder, i)))
+    ids = Counter(r["config_id"] for i in files.shard_indices(folder)
+                  for r in _rows(files.shard_csv(folder, i)))
     assert set(ids.values()) == {1} and len(ids) == len(rows)  # each trained once
     meta = json.loads((folder / "train_meta.json").read_text())
     assert sorted(r["shard"] for r in meta["shards"]) == list(range(jobs))
@@ -75,7 +82,7 @@ def test_local_two_shards_match_serial(serial):
     before = (d / "local" / "train.csv").read_bytes()
     assert _train(cfg, d, "local", "--executor", "local", "--shards", "2") == 0
     assert (d / "local" / "train.csv").read_bytes() == before
-    assert len(trained.read_jobs(d / "local")) == 2  # nothing submitted the second time
+    assert len(files.read_jobs(d / "local")) == 2  # nothing submitted the second time
 
 
 @needs_slurm
@@ -83,7 +90,7 @@ def test_slurm_two_shards_match_serial(serial):
     cfg, d, rows = serial
     assert _train(cfg, d, "slurm", "--executor", "slurm", "--shards", "2") == 0
     _same_as_serial(rows, d / "slurm", jobs=2)
-    assert [j["executor"] for j in trained.read_jobs(d / "slurm")] == ["slurm", "slurm"]
+    assert [j["executor"] for j in files.read_jobs(d / "slurm")] == ["slurm", "slurm"]
 
 
 def test_dry_run_splits_the_shards(serial, capsys):
@@ -109,3 +116,100 @@ def test_workers_with_an_executor_is_refused(serial, capsys):
     assert _train(cfg, d, "x", "--executor", "local", "--shards", "2", "--workers", "2") == 2
     assert "--workers is for a sweep on this machine" in capsys.readouterr().err
     assert not (d / "x").exists()
+
+
+# Configurations that train for seconds each (the variant sleeps in every call: no speed of
+# this machine's own decides when a job is cancelled), three per shard.
+SLOW = """
+task = "mqar"
+seq_lens = [16]
+num_kv_pairs = 2
+vocab_size = 16
+d_model = 16
+heads = 1
+lrs = [1e-2]
+batch = 16
+max_steps = 20
+eval_every = 20
+train_examples = 64
+test_examples = 16
+threads = 1
+causal = false
+variants = {_test_sleeps = [{seconds = 0.10}, {seconds = 0.11}, {seconds = 0.12},
+                            {seconds = 0.13}, {seconds = 0.14}, {seconds = 0.15}]}
+"""
+
+
+def _each_once(folder: Path, planned: list[str]) -> None:
+    """train.csv: every planned configuration once, in the matrix's order, none an error;
+    and no configuration trained twice over all shard files."""
+    rows = _rows(folder / "train.csv")
+    assert [r["config_id"] for r in rows] == planned
+    assert {r["status"] for r in rows} == {"ok"}
+    ids = Counter(r["config_id"] for i in files.shard_indices(folder)
+                  for r in _rows(files.shard_csv(folder, i)))
+    assert ids == Counter(planned)
+
+
+@needs_slurm
+@pytest.mark.timeout(240)
+def test_slurm_scancel_while_the_command_waits_is_resubmitted_by_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(EXTRA_ENV, FAKES)  # the jobs inherit it and register the fakes
+    monkeypatch.setattr(engine, "SCHEDULER_POLL_S", 1.0)  # a test need not spare squeue
+    cfg = tmp_path / "slow.toml"
+    cfg.write_text(SLOW)
+    folder = tmp_path / "t"
+    got: list[int] = []
+    waiting = threading.Thread(target=lambda: got.append(_train(
+        cfg, tmp_path, "t", "--executor", "slurm", "--shards", "2")))
+    waiting.start()  # the command that submits and waits; the test is the user beside it
+    deadline = time.monotonic() + 120
+    while not (files.read_jobs(folder) and files.shard_csv(folder, 0).is_file()
+               and shards.read_rows(files.shard_csv(folder, 0))):
+        assert time.monotonic() < deadline and waiting.is_alive(), "shard 0 wrote no row"
+        time.sleep(0.1)
+    a = files.read_jobs(folder)[0]
+    subprocess.run(["scancel", a["job_id"]], check=True)
+    waiting.join(180)
+    assert got == [0]
+    done_before = len(_rows(files.shard_csv(folder, a["shard"])))
+    assert 1 <= done_before < len(a["configs"]), "the cancel came after shard 0 had finished"
+    _each_once(folder, [c.config_id for c in tm.load(str(cfg))[1]])
+    jobs = files.read_jobs(folder)
+    assert jobs[0]["state"] in ("CANCELLED", "COMPLETING") and "state" not in jobs[1]
+    left = [c for c in a["configs"] if c not in
+            {r["config_id"] for r in _rows(files.shard_csv(folder, a["shard"]))}]
+    assert sorted(c for j in jobs[2:] for c in j["configs"]) == sorted(left)  # only the rest
+
+
+KILLER = TINY.replace('variants = ["sdpa", "linear", "linformer", "performer"]',
+                      'variants = ["sdpa", "linear"]') + """
+[[groups]]
+
+[[groups]]
+variants = {_test_kills_job = [{kill_at = 16}]}
+causal = false
+"""
+
+
+@pytest.mark.timeout(240)
+def test_local_configuration_that_kills_its_job_becomes_an_error_row(tmp_path, monkeypatch):
+    monkeypatch.setenv(EXTRA_ENV, FAKES)
+    cfg = tmp_path / "killer.toml"
+    cfg.write_text(KILLER)
+    assert _train(cfg, tmp_path, "k", "--executor", "local", "--shards", "2",
+                  "--max-retries", "1") == 0  # every configuration has a row: exit 0
+    folder = tmp_path / "k"
+    rows = _rows(folder / "train.csv")
+    assert [r["config_id"] for r in rows] == [c.config_id for c in tm.load(str(cfg))[1]]
+    dead = [r for r in rows if r["variant"] == "_test_kills_job"]
+    assert [r["status"] for r in dead] == ["error"]
+    assert "while training it, each of the 2 times it ran (1 + --max-retries 1)" in \
+        dead[0]["reason"]
+    assert "shards/train-" in dead[0]["reason"] and "_log.err" in dead[0]["reason"]
+    assert [r["status"] for r in rows if r is not dead[0]] == ["ok", "ok"]
+    assert list(rows[0]) == list(TRAIN_COLUMNS)  # train.csv's columns, as a serial sweep's
+    jobs = files.read_jobs(folder)
+    # two shards, then the killer once more (it dies again), then nothing: no loop
+    assert len(jobs) == 3 and jobs[-1]["configs"] == [dead[0]["config_id"]]
+    assert [j["state"] for j in jobs if j.get("state")] == ["KILLED", "KILLED"]

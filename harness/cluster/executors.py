@@ -1,13 +1,14 @@
 """Where a run's cases execute: `serial` (this process's worker pair, the default), or
 shards submitted with submitit (https://github.com/facebookincubator/submitit): `local`
 (LocalExecutor: processes on this node, each pinned to its own GPU when it has several)
-or `slurm` (SlurmExecutor: one job array, a task per shard).
+or `slurm` (SlurmExecutor: one job array, a task per shard). harness.cluster.engine
+submits, watches and resubmits the jobs, whatever their units (cases, configurations).
 
 Settings come from the `[executor]` table of the matrix TOML and from the command line
 (which wins); they are never part of the matrix, so a run resumed with another executor
 or shard count is the same run. Each shard is a `ShardJob` (submitit's Checkpointable:
 on preemption or a time limit, Slurm requeues it and it carries on from its own file,
-leaving alone the cases the waiting command has meanwhile given to a newer job).
+leaving alone the units the waiting command has meanwhile given to a newer job).
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ import time
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.measure.store import RunStore
+from harness.files import now
 
 EXECUTORS = ("serial", "local", "slurm")
 REPO = Path(__file__).resolve().parents[2]
-# Slurm job states (squeue's long names) in which a job holds its cases: it waits to run,
-# runs, or holds its allocation paused (a suspended job resumes mid-case). Every other
-# state ends the hold, COMPLETING (`CG`: a cancelled job shows it for seconds) and
-# REQUEUED included: its unfinished cases go to a new job, and a requeued job that runs
-# again skips the cases a newer job of the run holds (`run_shard`).
-ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "RESIZING", "SUSPENDED", "STOPPED")
+# Slurm job states (squeue's long names) in which a job holds its units: it waits to run,
+# runs, holds its allocation paused (a suspended job resumes mid-unit), or was requeued
+# (it runs again, from its own shard file). Every other state ends the hold, COMPLETING
+# included (`CG`: a cancelled job shows it for seconds): its unfinished units go to a new
+# job. A requeued job that the waiting command saw ended (between two looks at squeue)
+# skips the units a newer job of the run holds (shards.Files.taken_elsewhere).
+ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "RESIZING", "SUSPENDED", "STOPPED", "REQUEUED")
 _FLAGS = {  # key (TOML and flag) -> (type, submitit AutoExecutor parameter)
     "slurm_partition": (str, "slurm_partition"), "slurm_time": (int, "timeout_min"),
     "slurm_gpus_per_node": (int, "gpus_per_node"), "slurm_cpus_per_task": (int, "cpus_per_task"),
@@ -147,62 +149,17 @@ def check_available(settings: Settings) -> None:
 
 
 # -- the job ---------------------------------------------------------------------------------
-def run_shard(folder: str, index: int, cases: list, executor: str) -> dict:
-    """Measure one shard's cases into shards/shard-<index>.csv; returns its counts by status.
-
-    Runs inside the submitit job. Cases already in its own file (an earlier attempt of the
-    same job, before a requeue) are not measured again.
-    """
-    from harness.measure import runner
-    from harness.cluster import shards
-    from harness.measure.store import environment, matmul_fp32_gflops, matmul_rates, now
-
-    from harness.measure.worker import import_extra
-
-    import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
-    folder = Path(folder)
-    store = ShardStore(folder, csv_path=shards.shard_csv(folder, index),
-                       rounds_path=shards.shard_rounds(folder, index))
-    store.stop_on_signals()
-    done = store.done_ids()  # also cuts a partial last line this shard's killed attempt left
-    threads = cases[0].threads if cases else 1
-    env = environment(threads)
-    fp32 = matmul_fp32_gflops(threads)
-    record = {"shard": index, "executor": executor, "job_id": _job_id(),
-              "host": socket.gethostname(),
-              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-              "cases": len(cases), "started": now(), "ended": None, "counts": None,
-              "busy": [runner.busy_sample(0)],
-              "matmul_fp32_gflops": fp32,
-              "matmul_gflops": matmul_rates(cases, threads, {"cpu float32": fp32}),
-              **{k: env[k] for k in ("cpu_model", "cpu_count", "threads", "cuda_devices",
-                                     "load_average_start")}}
-    shards.write_record(folder, index, record)
-
-    def between_rounds(r: int) -> None:  # this shard's rounds are over its own cases
-        record["busy"].append(runner.busy_sample(r))
-        shards.write_record(folder, index, record)
-
-    counts = runner.measure(cases, store, done, shards.shard_log(folder, index),
-                            between_rounds=between_rounds,
-                            skip=lambda case: shards.taken_elsewhere(folder, case.case_id, index))
-    record.update(ended=now(), counts=dict(counts),
-                  load_average_end=[round(x, 2) for x in os.getloadavg()])
-    shards.write_record(folder, index, record)
-    return dict(counts)
-
-
 class _Stopped(Exception):
     """The scheduler is ending this job (scancel, preemption, time limit): record no more."""
 
 
 class StopOnSignals:
     """A shard's file that takes no row once Slurm signals the end of the job (a mixin over
-    a store with `append`: RunStore here, the training sweep's TrainStore).
+    a store with `append`: harness.measure's RunStore, harness.train's TrainStore).
 
     scancel sends SIGTERM, a time limit or preemption SIGUSR2 (submitit's --signal), to
     every process of the job: the worker processes too, and a worker killed so would be
-    recorded as an `error` row, i.e. a case lost. So the signal sets `stopping` (then
+    recorded as an `error` row, i.e. a unit lost. So the signal sets `stopping` (then
     submitit's own handler runs: it ignores SIGTERM, requeues on SIGUSR2), and a row
     telling of a dead worker waits a moment for that signal before it is written.
     """
@@ -235,10 +192,6 @@ class StopOnSignals:
         super().append_round(record)
 
 
-class ShardStore(StopOnSignals, RunStore):
-    """A shard's results file (shards/shard-<i>.csv) that stops at the job's end signal."""
-
-
 def _job_id() -> str | None:
     import submitit
 
@@ -248,17 +201,38 @@ def _job_id() -> str | None:
         return None
 
 
-class ShardJob:
-    """One shard as a submitit callable, checkpointable the way submitit.helpers.Checkpointable
-    is (submitit requeues a callable that has a `checkpoint` method after a preemption or a
-    time limit); not its subclass, so that importing harness.cluster.executors does not import
-    submitit. The requeued job resumes from its own shard file."""
+def job_record(index: int, executor: str, held: str, units: list, env: dict, **more) -> dict:
+    """A shard's record as its job starts: where it runs (host, job id, devices, the
+    machine from `env`, harness.measure.store.environment), how many units it holds."""
+    return {"shard": index, "executor": executor, "job_id": _job_id(),
+            "host": socket.gethostname(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            held: len(units), "started": now(), "ended": None, "counts": None, **more,
+            **{k: env[k] for k in ("cpu_model", "cpu_count", "threads", "cuda_devices",
+                                   "load_average_start")}}
 
-    def __init__(self, folder: str, index: int, cases: list, executor: str):
-        self.args = (folder, index, cases, executor)
+
+def job_ended(record: dict, counts) -> None:
+    record.update(ended=now(), counts=dict(counts),
+                  load_average_end=[round(x, 2) for x in os.getloadavg()])
+
+
+class ShardJob:
+    """One shard as a submitit callable: `body(folder, index, units, executor)`, a
+    module-level function (pickled by name). Checkpointable the way
+    submitit.helpers.Checkpointable is (submitit requeues a callable that has a `checkpoint`
+    method after a preemption or a time limit); not its subclass, so that importing
+    harness.cluster.executors does not import submitit. The requeued job resumes from its
+    own shard file."""
+
+    def __init__(self, body, folder: str, index: int, units: list, executor: str):
+        self.body, self.args = body, (folder, index, units, executor)
 
     def __call__(self) -> dict:
-        return run_shard(*self.args)
+        from harness.measure.worker import import_extra
+
+        import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
+        return self.body(*self.args)
 
     def checkpoint(self, *args, **kwargs):
         """submitit calls this on preemption/timeout: resubmit the same shard (it resumes)."""
@@ -268,16 +242,6 @@ class ShardJob:
 
 
 # -- submitting and watching -----------------------------------------------------------------
-def submit(settings: Settings, folder: Path, shards: list[list], first: int) -> list[dict]:
-    """Submit each shard as a job; returns one {"shard", "job_id", "executor", "cases"} each."""
-    indices = list(range(first, first + len(shards)))
-    fns = [ShardJob(str(folder), i, cases, settings.kind) for i, cases in zip(indices, shards)]
-    jobs = submit_jobs(settings, folder, fns)
-    logs = folder / "submitit"
-    return [{"shard": i, "job_id": str(j.job_id), "executor": settings.kind, "logs": str(logs),
-             "cases": [c.case_id for c in cases]} for i, j, cases in zip(indices, jobs, shards)]
-
-
 def submit_jobs(settings: Settings, folder: Path, fns: list) -> list:
     """Submit each callable as one job (Slurm: one array; local: one process each, pinned
     to a GPU where there are some); returns submitit's jobs in the same order."""
@@ -347,7 +311,7 @@ def _local_end(result: Path) -> str:
 
 
 def alive(jobs: list[dict]) -> set[str]:
-    """Job ids among `jobs` that hold their cases (Slurm: ACTIVE states; local: /proc)."""
+    """Job ids among `jobs` that hold their units (Slurm: ACTIVE states; local: /proc)."""
     return {j for j, state in states(jobs).items() if state in ACTIVE}
 
 
