@@ -1,7 +1,9 @@
 """Sharded runs (`run --executor local|slurm --shards N`) against the serial run of the same
 matrix, on a real Slurm (.ci/slurm.sh starts one; these tests skip, saying so, where no
 controller answers) and on submitit's local executor; a cancelled shard resumed; bad
-executor settings refused before anything is written; the split itself."""
+executor settings refused before anything is written; the split itself; which Slurm states
+hold a job's units (a squeue of our own: COMPLETING treated as alive, or REQUEUED as dead,
+fails it)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,15 @@
 serial sweep writes: the same configurations in the same order, each trained once, with the
 same accuracies (same seeds, one thread); a rerun trains nothing again.
 
+The engine's own behaviour for a sweep: a job scancelled while the command waits is
+resubmitted by that command (Slurm); a configuration that kills its job every time becomes
+an error row after the retries (local); a requeued job skips what a newer job holds.
+
 Planted bugs: a configuration in two shards or in none, a merge out of the matrix's order,
-a shard that trains with other settings than the serial worker (the accuracies differ)."""
+a shard that trains with other settings than the serial worker (the accuracies differ);
+resubmission off in the waiting command (the scancel and killer tests), retries miscounted
+(the killer's reason and job count), a requeued shard that trains a newer job's
+configuration (the requeue test)."""
 
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from harness.cluster import engine, shards
+from harness.cluster import engine, shards, trained
 from harness.cluster.shards import TRAIN as files
 from harness.files import TRAIN_COLUMNS
 from harness.measure.worker import EXTRA_ENV
@@ -213,3 +220,19 @@ def test_local_configuration_that_kills_its_job_becomes_an_error_row(tmp_path, m
     # two shards, then the killer once more (it dies again), then nothing: no loop
     assert len(jobs) == 3 and jobs[-1]["configs"] == [dead[0]["config_id"]]
     assert [j["state"] for j in jobs if j.get("state")] == ["KILLED", "KILLED"]
+
+
+def test_a_requeued_training_job_leaves_alone_what_a_newer_job_holds(serial, tmp_path,
+                                                                     monkeypatch):
+    """Shard 0's job ended, its second configuration went to shard 2, then Slurm ran shard
+    0 again (a requeue): it trains only what it still holds."""
+    cfg, _, _ = serial
+    monkeypatch.setattr(trained.TrainShardStore, "stop_on_signals", lambda self: None)
+    configs = [c for c in tm.load(str(cfg))[1] if c.variant in ("sdpa", "linear")]
+    a, b = (c.config_id for c in configs)
+    files.write_jobs(tmp_path, [{"shard": 0, "job_id": "1_0", "executor": "slurm",
+                                 "configs": [a, b]},
+                                {"shard": 2, "job_id": "3_0", "executor": "slurm",
+                                 "configs": [b]}])
+    assert trained.train_shard(str(tmp_path), 0, configs, "slurm") == {"ok": 1}
+    assert [r["config_id"] for r in _rows(files.shard_csv(tmp_path, 0))] == [a]
