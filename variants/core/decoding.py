@@ -1,0 +1,144 @@
+"""The decoding form of a causal variant: a state built from the context, then one token
+at a time.
+
+    state = m.prefill(k, v, max_len=N + T)      # k, v: (B, H, N, D), the context
+    o, state = m.step(state, q, k, v)           # q, k, v: (B, H, 1, D), one new token
+    m.state_nbytes(state)                       # bytes the state holds
+
+Generated token by token, the outputs equal the rows of the causal forward over the whole
+sequence (to rounding). A state is a `DecodeState`; `mark()` and `rewind(mark)` put it
+back to the context it had, so that a benchmark times every repeat from the same context
+without copying a cache (at 1M tokens a copy per step would be the whole cost).
+
+This module holds the states several families share: a key-value cache preallocated to
+the length the sequence will reach and written in place (`KVCache`), and a ring buffer
+of the last W keys and values (`RingKV`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def check_context(k: torch.Tensor, v: torch.Tensor, max_len: int) -> None:
+    """Raise ValueError unless k, v are one (B, H, N, D) shape with N <= max_len."""
+    if k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"prefill takes k, v of one (B, H, N, D) shape, got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if k.dtype != v.dtype or k.device != v.device:
+        raise ValueError("prefill takes k, v of one dtype and device")
+    if not isinstance(max_len, int) or max_len < k.shape[-2]:
+        raise ValueError(f"prefill: max_len must be an int >= the context's {k.shape[-2]} "
+                         f"tokens, got {max_len!r}")
+
+
+def check_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ValueError unless q, k, v are one (B, H, 1, D) token of one dtype and device."""
+    for t, label in ((q, "q"), (k, "k"), (v, "v")):
+        if t.dim() != 4 or t.shape[-2] != 1:
+            raise ValueError(f"step takes one token, {label} of shape (B, H, 1, D), got "
+                             f"{tuple(t.shape)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"step: q, k, v must share one shape, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
+        raise ValueError("step: q, k, v must share a dtype and a device")
+
+
+class DecodeState:
+    """What a decoder keeps between tokens. Subclasses are dataclasses; their tensor fields
+    are what `nbytes` counts."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def mark(self):
+        """What `rewind` needs to return to the present context."""
+        raise NotImplementedError
+
+    def rewind(self, mark) -> None:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass
+class KVCache(DecodeState):
+    """Keys and values (B, H, max_len, D), the first `n` of them written."""
+    k: torch.Tensor
+    v: torch.Tensor
+    n: int
+
+    @classmethod
+    def prefill(cls, k: torch.Tensor, v: torch.Tensor, max_len: int) -> "KVCache":
+        B, H, N, D = k.shape
+        ck = k.new_empty(B, H, max_len, D)  # (B, H, max_len, D)
+        cv = v.new_empty(B, H, max_len, D)
+        ck[:, :, :N] = k
+        cv[:, :, :N] = v
+        return cls(ck, cv, N)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write one token's (B, H, 1, D) key and value in place."""
+        if self.n >= self.k.shape[-2]:
+            raise ValueError(f"the cache is full: max_len = {self.k.shape[-2]} tokens")
+        self.k[:, :, self.n] = k[:, :, 0]
+        self.v[:, :, self.n] = v[:, :, 0]
+        self.n += 1
+
+    def keys(self) -> torch.Tensor:
+        return self.k[:, :, :self.n]  # (B, H, n, D), a view
+
+    def values(self) -> torch.Tensor:
+        return self.v[:, :, :self.n]
+
+    def mark(self) -> int:
+        return self.n
+
+    def rewind(self, mark: int) -> None:
+        self.n = mark  # later tokens are overwritten by the next appends
+
+
+@dataclasses.dataclass
+class RingKV(DecodeState):
+    """The last W keys and values, (B, H, W, D) each, token t in slot t mod W; `n` tokens
+    seen so far (min(n, W) slots hold one)."""
+    k: torch.Tensor
+    v: torch.Tensor
+    n: int
+
+    @classmethod
+    def prefill(cls, k: torch.Tensor, v: torch.Tensor, W: int) -> "RingKV":
+        B, H, N, D = k.shape
+        rk, rv = k.new_zeros(B, H, W, D), v.new_zeros(B, H, W, D)
+        t = torch.arange(max(0, N - W), N, device=k.device)
+        rk[:, :, t % W] = k[:, :, t]
+        rv[:, :, t % W] = v[:, :, t]
+        return cls(rk, rv, N)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        slot = self.n % self.k.shape[-2]
+        self.k[:, :, slot] = k[:, :, 0]
+        self.v[:, :, slot] = v[:, :, 0]
+        self.n += 1
+
+    def held(self) -> int:
+        return min(self.n, self.k.shape[-2])
+
+    def keys(self) -> torch.Tensor:
+        return self.k[:, :, :self.held()]  # slots in ring order: softmax does not care
+
+    def values(self) -> torch.Tensor:
+        return self.v[:, :, :self.held()]
+
+    def mark(self):
+        return self.n, self.k.clone(), self.v.clone()  # W tokens: small by construction
+
+    def rewind(self, mark) -> None:
+        self.n = mark[0]
+        self.k.copy_(mark[1])
+        self.v.copy_(mark[2])
