@@ -36,6 +36,7 @@ FAMILIES = {
     "nystrom": {"core", "low_rank"},
     "linear": {"core"},
     "band_lowrank": {"core", "sliding_window", "linear", "low_rank"},
+    "recurrent": {"core"},
     "library": {"core", "exact", "sliding_window", "sparse"},
 }
 

@@ -31,4 +31,5 @@ from . import low_rank  # noqa: E402,F401
 from . import nystrom  # noqa: E402,F401
 from . import linear  # noqa: E402,F401
 from . import band_lowrank  # noqa: E402,F401
+from . import recurrent  # noqa: E402,F401
 from . import library  # noqa: E402,F401

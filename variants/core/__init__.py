@@ -8,6 +8,7 @@ the families' kernels share. Imports: torch only; nothing from the families.
 """
 
 from .checks import KeyMask, check_qkv, softmax_scale
+from .inputs import InputSpec
 from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
 from .ops import (Workspace, compute_dtype, exp_, softmax_, softmax_logsumexp,
                   softmax_lse_)
@@ -15,7 +16,7 @@ from .reference import dense_mask, exact_reference, naive_attention, softmax_wei
 from .registry import (ParamSpec, VariantSpec, build, make_params, names, register,
                        spec)
 
-__all__ = ["WEIGHTS_MAX_N", "KeyMask", "NoParams", "ParamSpec", "Variant", "VariantSpec",
+__all__ = ["WEIGHTS_MAX_N", "InputSpec", "KeyMask", "NoParams", "ParamSpec", "Variant", "VariantSpec",
            "Workspace", "build", "check_qkv", "compute_dtype", "dense_mask", "exact_",
            "exact_reference", "make_params", "naive_attention", "names", "param",
            "register", "softmax_", "softmax_logsumexp", "softmax_lse_", "softmax_scale",

@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 
 from .checks import KeyMask, check_qkv
+from .inputs import InputSpec, check_inputs, draw_inputs
 from .reference import softmax_weights
 
 # Longest sequence `Variant.weights` returns a map for: the map is (B, H, N, N), 64 MiB per
@@ -43,6 +44,13 @@ class Variant(torch.nn.Module):
     exact: ClassVar[bool] = False  # exact softmax attention over all keys
     paper: ClassVar[str] = ""
     supports_causal: ClassVar[bool] = True
+    # Set by causal-only variants (a recurrence): the reason a non-causal case is refused.
+    causal_only: ClassVar[str | None] = None
+    # Inputs beyond q, k, v (`inputs.py`): forward(q, k, v, causal, **inputs) takes them.
+    inputs: ClassVar[tuple[InputSpec, ...]] = ()
+    # What its error is measured against: exact softmax (`softmax`), or its own float64
+    # form (`recurrence`: `reference` gives it), for variants that approximate no softmax.
+    err_ref: ClassVar[str] = "softmax"
     supports_backward: ClassVar[bool] = True
     # Runs a torch.compile'd kernel: each new dtype, pattern, causal flag (and the first
     # length) compiles for seconds, in `prepare`. Tests give such variants few shapes.
@@ -61,6 +69,8 @@ class Variant(torch.nn.Module):
                             backward: bool = False) -> list[str]:
         """Why this variant cannot run a case; empty when it can. Called before running."""
         reasons = []
+        if not causal and self.causal_only:
+            reasons.append(self.causal_only)
         if causal and not self.supports_causal:
             reasons.append(f"{self.name} is non-causal only ({self.non_causal_why()})")
         if backward and not self.supports_backward:
@@ -81,7 +91,7 @@ class Variant(torch.nn.Module):
 
     # -- the map --------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                causal: bool = False) -> torch.Tensor:
+                causal: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
         check_qkv(q, k, v)
         backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                 or v.requires_grad)
@@ -90,6 +100,9 @@ class Variant(torch.nn.Module):
                                            backward=backward)
         if reasons:
             raise ValueError("; ".join(reasons))
+        if self.inputs or inputs:
+            check_inputs(self.name, self.inputs, q, inputs)
+            return self.attend(q, k, v, causal, **inputs)
         return self.attend(q, k, v, causal)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -118,8 +131,15 @@ class Variant(torch.nn.Module):
         """
         return self.exact
 
+    def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                  **inputs: torch.Tensor) -> torch.Tensor:
+        """The float64 output this variant's error is measured against where `err_ref` is
+        not `softmax` (its own plain form); the softmax reference lives in `reference.py`."""
+        raise NotImplementedError(f"{self.name} is measured against exact softmax attention")
+
     # -- the attention weights it implies ------------------------------------------
-    def weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    def weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False,
+                **inputs: torch.Tensor) -> torch.Tensor:
         """The attention weights this variant implies, (B, H, N, N): forward(q, k, v, causal)
         equals weights(q, k, causal) @ v to rounding, for every v.
 
@@ -133,7 +153,16 @@ class Variant(torch.nn.Module):
                                        seq_len=q.shape[-2], head_dim=q.shape[-1])
         if reasons:
             raise ValueError("; ".join(reasons))
+        if self.inputs or inputs:
+            check_inputs(self.name, self.inputs, q, inputs)
+            return self.attention_weights(q, k, causal, **inputs)
         return self.attention_weights(q, k, causal)
+
+    def draw_inputs(self, B: int, H: int, N: int, D: int, *, seed: int = 0,
+                    dtype: torch.dtype = torch.float32, device="cpu") -> dict[str, torch.Tensor]:
+        """The declared inputs beyond q, k, v as a benchmark draws them from `seed` (the
+        papers' layers at initialisation); {} for a variant that declares none."""
+        return draw_inputs(self.inputs, B, H, N, D, seed=seed, dtype=dtype, device=device)
 
     def weights_reasons(self, *, device: torch.device | str, dtype: torch.dtype, causal: bool,
                         seq_len: int, head_dim: int) -> list[str]:

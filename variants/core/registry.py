@@ -33,6 +33,8 @@ class VariantSpec:
     supports_causal: bool
     supports_backward: bool
     pattern_exact: bool  # exact softmax restricted to a key pattern (sparse, window)
+    causal_only: bool = False  # refuses causal=False (a recurrence)
+    inputs: tuple = ()  # InputSpecs of the inputs beyond q, k, v it takes
 
     @property
     def defaults(self) -> dict:
@@ -86,7 +88,7 @@ def spec(name: str) -> VariantSpec:
     pattern_exact = cls.key_mask is not Variant.key_mask
     return VariantSpec(cls.name, cls.family, cls.exact, cls.paper, doc[0] if doc else "",
                        _param_specs(cls), cls.supports_causal, cls.supports_backward,
-                       pattern_exact)
+                       pattern_exact, cls.causal_only is not None, tuple(cls.inputs))
 
 
 def _check_value(variant: str, p: ParamSpec, value):

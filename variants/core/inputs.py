@@ -1,0 +1,123 @@
+"""Inputs beyond q, k, v: what a variant declares of each (name, shape, range, how a
+benchmark draws it) and the checks `Variant.forward` runs on them before any work.
+
+A gated recurrence takes a log-decay `g` ((B, H, N) per head or (B, H, N, D) per channel,
+<= 0) and a write strength `beta` ((B, H, N) in (0, 1)). They are per-token tensors, not
+parameters: a model computes them from its hidden state, a benchmark draws them from the
+case's seed as the papers' layers would at initialisation (`InputSpec.sample`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import torch
+
+# sample(generator, B, H, N, D) -> float32 CPU tensor of the declared shape.
+Sampler = Callable[[torch.Generator, int, int, int, int], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One declared input: `dims` names its shape from (B, H, N, D); values lie in
+    [low, high] (None: unbounded; `open_low`/`open_high` exclude the bound); `drawn` says
+    in words how `sample` draws it (the paper's layer at initialisation)."""
+    name: str
+    dims: tuple[str, ...]
+    low: float | None
+    high: float | None
+    drawn: str
+    sample: Sampler = dataclasses.field(repr=False, compare=False)
+    open_low: bool = False
+    open_high: bool = False
+    doc: str = ""
+
+    @property
+    def shape_text(self) -> str:
+        return "(" + ", ".join(self.dims) + ")"
+
+    @property
+    def range_text(self) -> str:
+        if self.low is None and self.high is None:
+            return "any"
+        if self.low is None:
+            return f"{'<' if self.open_high else '<='} {self.high:g}"
+        if self.high is None:
+            return f"{'>' if self.open_low else '>='} {self.low:g}"
+        return (f"{'(' if self.open_low else '['}{self.low:g}, {self.high:g}"
+                f"{')' if self.open_high else ']'}")
+
+    def describe(self) -> str:
+        """`g (B, H, N) <= 0; drawn: ...`, as `list` prints it."""
+        return f"{self.name} {self.shape_text} {self.range_text}; drawn: {self.drawn}"
+
+    def shape_for(self, q: torch.Tensor) -> tuple[int, ...]:
+        sizes = dict(zip(("B", "H", "N", "D"), q.shape))
+        return tuple(sizes[d] for d in self.dims)
+
+    def in_range(self, x: torch.Tensor) -> bool:
+        ok = torch.ones((), dtype=torch.bool, device=x.device)
+        if self.low is not None:
+            ok = ok & (x > self.low).all() if self.open_low else ok & (x >= self.low).all()
+        if self.high is not None:
+            ok = ok & (x < self.high).all() if self.open_high else ok & (x <= self.high).all()
+        return bool(ok)
+
+    def draw(self, B: int, H: int, N: int, D: int, *, seed: int, dtype=torch.float32,
+             device="cpu") -> torch.Tensor:
+        """The benchmark's draw from `seed` (on CPU in float32, then cast), kept inside an
+        open range after the cast (bfloat16 rounds sigmoid(5) to 1)."""
+        x = self.sample(torch.Generator().manual_seed(seed), B, H, N, D).to(dtype)
+        if self.open_high and self.high is not None:
+            x = x.clamp(max=_below(self.high, dtype))
+        if self.open_low and self.low is not None:
+            x = x.clamp(min=_above(self.low, dtype))
+        return x.to(device).contiguous()
+
+
+def _below(x: float, dtype: torch.dtype) -> float:
+    return float(torch.nextafter(torch.tensor(x, dtype=dtype), torch.tensor(-math.inf, dtype=dtype)))
+
+
+def _above(x: float, dtype: torch.dtype) -> float:
+    return float(torch.nextafter(torch.tensor(x, dtype=dtype), torch.tensor(math.inf, dtype=dtype)))
+
+
+def check_inputs(variant: str, specs: tuple[InputSpec, ...], q: torch.Tensor,
+                 inputs: dict) -> None:
+    """Raise ValueError naming the input unless `inputs` holds exactly the declared ones,
+    each a tensor of its shape, on q's device, of q's dtype, within its range."""
+    declared = {s.name: s for s in specs}
+    unknown = sorted(set(inputs) - set(declared))
+    if unknown:
+        allowed = ", ".join(declared) if declared else "none"
+        raise ValueError(f"{variant}: unknown input(s) {', '.join(map(repr, unknown))}; "
+                         f"declared: {allowed}")
+    missing = [n for n in declared if n not in inputs]
+    if missing:
+        raise ValueError(f"{variant}: missing input(s) "
+                         + "; ".join(declared[n].describe() for n in missing))
+    for name, s in declared.items():
+        x = inputs[name]
+        where = f"{variant}: input {name!r}"
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{where} must be a tensor {s.shape_text}, got {type(x).__name__}")
+        want = s.shape_for(q)
+        if tuple(x.shape) != want:
+            raise ValueError(f"{where} must be {s.shape_text} = {want}, got {tuple(x.shape)}")
+        if x.device != q.device or x.dtype != q.dtype:
+            raise ValueError(f"{where} must be on q's device and of q's dtype ({q.device}, "
+                             f"{q.dtype}), got {x.device}, {x.dtype}")
+        if not s.in_range(x):
+            raise ValueError(f"{where} must lie in {s.range_text} (and be finite where "
+                             f"bounded), got values in [{float(x.min()):g}, {float(x.max()):g}]")
+
+
+def draw_inputs(specs: tuple[InputSpec, ...], B: int, H: int, N: int, D: int, *, seed: int,
+                dtype=torch.float32, device="cpu") -> dict[str, torch.Tensor]:
+    """Every declared input drawn for a (B, H, N, D) case; input i from seed + 7919 (i + 1),
+    so that it is independent of q, k, v drawn from `seed`."""
+    return {s.name: s.draw(B, H, N, D, seed=seed + 7919 * (i + 1), dtype=dtype, device=device)
+            for i, s in enumerate(specs)}

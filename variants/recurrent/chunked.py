@@ -1,0 +1,158 @@
+"""The chunkwise-parallel forms: within a chunk of C tokens attention-like matmuls, across
+chunks a carried (D, D) state. Differentiable (autograd keeps one state per chunk:
+O(N D + (N / C) D^2) plus per-chunk C x C).
+
+Decays are compounded in log space: b = cumsum(g) within the chunk only, and every
+factor taken is exp of a difference that is <= 0 (a later position against an earlier
+one), so nothing overflows in float32 or bfloat16 and a small decay is never the
+quotient of two underflowed ones. Inputs arrive in the compute dtype; the caller casts.
+
+Within a chunk, with b_t the log-decay from the chunk's start through t and S0 the state
+before the chunk (row vectors, s = D^-1/2):
+
+- scalar gate (retention, mamba2): o = s [(Q ⊙ e^b) S0 + (Q K^T ⊙ Γ) V],
+  Γ_ij = exp(b_i - b_j) (j <= i); S_C = e^{b_C} S0 + (K ⊙ e^{b_C - b})^T V.
+- per-channel gate (gla): the same with Γ per channel. Q K^T ⊙ Γ is no longer one matmul:
+  the chunk is cut into sub-chunks of c tokens, and for a query sub-chunk the earlier
+  keys are scaled against its start r: (q_t e^{b_t - r}) . (k_j e^{r - b_j}), both
+  factors <= 1; within the sub-chunk the (c, c, D) decays are taken explicitly.
+- delta rule (deltanet, gated_deltanet), the WY/UT form (Yang et al. 2024, Sec. 3): with
+  A = tril(diag(β) (K K^T ⊙ Γ), -1) and T = (I + A)^-1 diag(β) (one triangular solve),
+  W = T (K ⊙ e^b) and Ũ = T V; then per chunk U = Ũ - W S0 (the values the erase leaves),
+  o = s [(Q ⊙ e^b) S0 + (tril(Q K^T) ⊙ Γ) U], S_C = e^{b_C} S0 + (K ⊙ e^{b_C - b})^T U.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _pad(x: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:
+    """x zero-padded along `dim` to length n: padded tokens come after every real one, so
+    they change no real output (a zero log-decay, zero keys and values)."""
+    extra = n - x.shape[dim]
+    if extra == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """(B, H, N, ...) with N a multiple of C -> (B, H, N / C, C, ...)."""
+    return x.view(x.shape[0], x.shape[1], x.shape[2] // C, C, *x.shape[3:])
+
+
+def _lower(C: int, device, diagonal: int = 0) -> torch.Tensor:
+    return torch.ones(C, C, dtype=torch.bool, device=device).tril(diagonal)
+
+
+def _gamma(b: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
+    """exp(b_i - b_j) where lower[i, j], else 0; b (..., C): the masked entries (where the
+    difference is positive and might overflow) never reach exp."""
+    return (b[..., :, None] - b[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+
+
+def chunk_length(N: int, C: int, multiple: int = 1) -> int:
+    """The chunk a length-N call uses: C, or N rounded up to `multiple` when shorter."""
+    return min(C, -(-N // multiple) * multiple)
+
+
+def _scan(decay: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """States before each chunk: S_0 = 0, S_{c+1} = decay_c ⊙ S_c + U_c.
+    decay (B, H, n, 1 or D, 1), U (B, H, n, D, D) -> (B, H, n, D, D)."""
+    S = torch.zeros_like(U[:, :, 0])
+    states = []
+    for c in range(U.shape[2]):
+        states.append(S)
+        S = decay[:, :, c] * S + U[:, :, c]
+    return torch.stack(states, dim=2)
+
+
+def chunk_scalar_gate(q, k, v, g, C: int) -> torch.Tensor:
+    """Retention / Mamba2 (SSD): g (B, H, N) log-decays per head. -> o (B, H, N, D)."""
+    B, H, N, D = q.shape
+    C = chunk_length(N, C)
+    n = -(-N // C) * C
+    qc, kc, vc = (_chunks(_pad(t, n), C) for t in (q, k, v))  # (B, H, n/C, C, D)
+    b = _chunks(_pad(g, n), C).cumsum(-1)  # (B, H, n/C, C)
+    s = D ** -0.5
+    att = (qc @ kc.transpose(-1, -2)) * _gamma(b, _lower(C, q.device))  # (B, H, n/C, C, C)
+    last = b[..., -1:]  # (B, H, n/C, 1)
+    U = (kc * (last - b).exp()[..., None]).transpose(-1, -2) @ vc  # (B, H, n/C, D, D)
+    S0 = _scan(last.exp()[..., None], U)  # states before each chunk
+    o = att @ vc + (qc * b.exp()[..., None]) @ S0
+    return (s * o).reshape(B, H, n, D)[:, :, :N]
+
+
+def chunk_channel_gate(q, k, v, g, C: int, sub: int) -> torch.Tensor:
+    """GLA: g (B, H, N, D) log-decays per key channel. -> o (B, H, N, D)."""
+    B, H, N, D = q.shape
+    C = chunk_length(N, C, sub)
+    sub = min(sub, C)
+    ns = C // sub
+    n = -(-N // C) * C
+    qc, kc, vc = (_chunks(_pad(t, n), C) for t in (q, k, v))  # (B, H, nc, C, D)
+    b = _chunks(_pad(g, n), C).cumsum(-2)  # (B, H, nc, C, D)
+    nc = n // C
+    s = D ** -0.5
+    # Keys of earlier sub-chunks, scaled against each query sub-chunk's start r.
+    bs = b.view(B, H, nc, ns, sub, D)
+    r = torch.cat([b.new_zeros(B, H, nc, 1, 1, D), bs[:, :, :, :-1, -1:, :]], dim=3)
+    q_r = qc.view(B, H, nc, ns, sub, D) * (bs - r).exp()  # (B, H, nc, ns, sub, D)
+    key_sub = torch.arange(C, device=q.device) // sub  # sub-chunk of each key
+    earlier = key_sub[None, :] < torch.arange(ns, device=q.device)[:, None]  # (ns, C)
+    expo = (r - b[:, :, :, None]).masked_fill(~earlier[..., None], float("-inf"))
+    k_r = kc[:, :, :, None] * expo.exp()  # (B, H, nc, ns, C, D), zero at later keys
+    att = q_r @ k_r.transpose(-1, -2)  # (B, H, nc, ns, sub, C)
+    # Within a sub-chunk: the (sub, sub, D) decays themselves.
+    lower = _lower(sub, q.device)
+    dd = (bs[..., :, None, :] - bs[..., None, :, :]).masked_fill(~lower[..., None],
+                                                                 float("-inf"))
+    ks = kc.view(B, H, nc, ns, sub, D)
+    diag = (qc.view(B, H, nc, ns, sub, 1, D) * ks[..., None, :, :] * dd.exp()).sum(-1)
+    eye = torch.eye(ns, dtype=q.dtype, device=q.device)[:, None, :, None]  # (ns, 1, ns, 1)
+    att = att.view(B, H, nc, ns, sub, ns, sub) + diag[..., None, :] * eye
+    att = att.reshape(B, H, nc, C, C)
+    last = b[..., -1:, :]  # (B, H, nc, 1, D)
+    U = (kc * (last - b).exp()).transpose(-1, -2) @ vc  # (B, H, nc, D, D)
+    S0 = _scan(last.exp().transpose(-1, -2), U)
+    o = att @ vc + (qc * b.exp()) @ S0
+    return (s * o).reshape(B, H, n, D)[:, :, :N]
+
+
+def chunk_delta(q, k, v, beta, g, C: int) -> torch.Tensor:
+    """DeltaNet (g None) / Gated DeltaNet (g (B, H, N)): beta (B, H, N); q, k already
+    L2-normalised. -> o (B, H, N, D)."""
+    B, H, N, D = q.shape
+    C = chunk_length(N, C)
+    n = -(-N // C) * C
+    qc, kc, vc = (_chunks(_pad(t, n), C) for t in (q, k, v))  # (B, H, nc, C, D)
+    bc = _chunks(_pad(beta, n), C)  # (B, H, nc, C)
+    s = D ** -0.5
+    lower = _lower(C, q.device)
+    if g is None:
+        b = None
+        gam = lower.to(q.dtype)
+    else:
+        b = _chunks(_pad(g, n), C).cumsum(-1)  # (B, H, nc, C)
+        gam = _gamma(b, lower)
+    a = (bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * gam).tril(-1)
+    ke = kc if b is None else kc * b.exp()[..., None]
+    rhs = bc[..., None] * torch.cat([vc, ke], dim=-1)  # diag(β) [V | K ⊙ e^b]
+    x = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # (I + A)^-1
+    u_t, w = x[..., :D], x[..., D:]  # Ũ = T V, W = T (K ⊙ e^b)
+    att = (qc @ kc.transpose(-1, -2)) * gam  # tril(Q K^T) ⊙ Γ
+    if b is None:
+        qe, kd, decay = qc, kc, None
+    else:
+        last = b[..., -1:]
+        qe, kd, decay = qc * b.exp()[..., None], kc * (last - b).exp()[..., None], last.exp()
+    S = q.new_zeros(B, H, D, D)
+    out = []
+    for c in range(n // C):
+        u = u_t[:, :, c] - w[:, :, c] @ S  # (B, H, C, D)
+        out.append(qe[:, :, c] @ S + att[:, :, c] @ u)
+        S = S if decay is None else decay[:, :, c, :, None] * S
+        S = S + kd[:, :, c].transpose(-1, -2) @ u
+    return (s * torch.stack(out, dim=2)).reshape(B, H, n, D)[:, :, :N]

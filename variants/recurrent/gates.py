@@ -1,0 +1,53 @@
+"""The declared inputs of the family and how a benchmark draws them: the papers' layers at
+initialisation, applied to a projection output x ~ N(0, 1) per token.
+
+- `g` per channel (GLA, Yang et al. 2024, Sec. 4.4; fla's GatedLinearAttention):
+  logsigmoid(x) / 16, the gate's low-rank projection through logsigmoid divided by the
+  normaliser 16. Mean about -0.05 per token: a slow forget over ~20 tokens per channel.
+- `g` per head (Mamba2, Dao & Gu 2024; Gated DeltaNet's gate is the same layer):
+  -exp(A_log) softplus(x + dt_bias), A = exp(A_log) ~ U(1, 16) per head and
+  dt_bias = softplus^-1(dt), dt = exp(U(log 1e-3, log 1e-1)) per head (mamba_ssm's
+  Mamba2 defaults `A_init_range` and `dt_min`, `dt_max`), all drawn from the seed.
+- `beta` (DeltaNet, Gated DeltaNet): sigmoid(x).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..core import InputSpec
+
+
+def _gla_gate(gen: torch.Generator, B: int, H: int, N: int, D: int) -> torch.Tensor:
+    return F.logsigmoid(torch.randn(B, H, N, D, generator=gen)) / 16
+
+
+def mamba2_decay_params(gen: torch.Generator, H: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A_log, dt_bias), each (H,), as Mamba2 initialises them."""
+    A = torch.empty(H).uniform_(1, 16, generator=gen)
+    dt = torch.exp(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+    return A.log(), dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) = dt
+
+
+def _mamba2_gate(gen: torch.Generator, B: int, H: int, N: int, D: int) -> torch.Tensor:
+    A_log, dt_bias = mamba2_decay_params(gen, H)
+    x = torch.randn(B, H, N, generator=gen)
+    return -A_log.exp()[:, None] * F.softplus(x + dt_bias[:, None])
+
+
+def _beta(gen: torch.Generator, B: int, H: int, N: int, D: int) -> torch.Tensor:
+    return torch.sigmoid(torch.randn(B, H, N, generator=gen))
+
+
+GATE_CHANNEL = InputSpec("g", ("B", "H", "N", "D"), None, 0.0,
+                         "logsigmoid(x) / 16, x ~ N(0, 1) (GLA's gate)", _gla_gate,
+                         doc="log-decay per key channel")
+GATE_HEAD = InputSpec("g", ("B", "H", "N"), None, 0.0,
+                      "-exp(A_log) softplus(x + dt_bias), x ~ N(0, 1), A ~ U(1, 16), "
+                      "dt ~ logU(1e-3, 1e-1) per head (Mamba2's decay)", _mamba2_gate,
+                      doc="log-decay per head")
+BETA = InputSpec("beta", ("B", "H", "N"), 0.0, 1.0, "sigmoid(x), x ~ N(0, 1)", _beta,
+                 open_low=True, open_high=True, doc="write strength")

@@ -1,0 +1,183 @@
+"""The five gated linear recurrences: retention, gla, mamba2, deltanet, gated_deltanet.
+
+Each is `S_t = (gate, erase) S_{t-1} + write`, o_t = D^-1/2 q_t S_t (`reference.py` has the
+sequential form and the dense weights, `chunked.py` the chunkwise kernels). Causal only.
+Accumulation dtype: float64 stays, everything else computes in float32 and casts back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import torch
+import torch.nn.functional as F
+
+from ..core import Variant, compute_dtype, param, register
+from .chunked import chunk_channel_gate, chunk_delta, chunk_length, chunk_scalar_gate
+from .gates import BETA, GATE_CHANNEL, GATE_HEAD
+from .reference import dense_weights, recurrence
+
+CAUSAL_ONLY = "a recurrence: causal only"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkParams:
+    chunk: int = param(64, min=1, doc="tokens per chunk of the chunkwise-parallel form")
+
+
+@dataclasses.dataclass(frozen=True)
+class GLAParams:
+    chunk: int = param(64, min=1, doc="tokens per chunk of the chunkwise-parallel form")
+    sub_chunk: int = param(16, min=1, doc="tokens per sub-chunk whose per-channel decays "
+                           "are taken explicitly (the rest of a chunk is matmuls)")
+
+
+class Recurrent(Variant):
+    """Shared by the family: the causal-only refusal, the dtype handling, the state size
+    and the float64 sequential reference. Subclasses give `_terms` (q, k, v, g, beta as
+    the recurrence takes them) and `_chunked`."""
+    family = "recurrent"
+    causal_only = CAUSAL_ONLY
+    err_ref = "recurrence"
+    delta = False  # L2-normalises q and k (the delta rule's papers do)
+
+    def _terms(self, q, k, v, inputs) -> tuple:
+        """(q, k, v, g, beta) as the recurrence takes them, in q's dtype."""
+        g, beta = inputs.get("g"), inputs.get("beta")
+        if self.delta:
+            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        return q, k, v, g, beta
+
+    def attend(self, q, k, v, causal, **inputs):
+        dtype, ct = q.dtype, compute_dtype(q.dtype)
+        q, k, v, g, beta = (None if t is None else t.to(ct)
+                            for t in self._terms(q, k, v, inputs))
+        return self._chunked(q, k, v, g, beta).to(dtype)
+
+    def attention_weights(self, q, k, causal, **inputs):
+        dtype, ct = q.dtype, compute_dtype(q.dtype)
+        q, k, _, g, beta = (None if t is None else t.to(ct)
+                            for t in self._terms(q, k, k, inputs))
+        return dense_weights(q, k, g, beta).to(dtype)
+
+    def reference(self, q, k, v, causal=True, **inputs) -> torch.Tensor:
+        """The float64 sequential recurrence (`reference.recurrence`): what this variant's
+        error is measured against (`err_ref` = recurrence)."""
+        q, k, v, g, beta = (None if t is None else t.double()
+                            for t in self._terms(q.double(), k.double(), v.double(),
+                                                 inputs))
+        return recurrence(q, k, v, g, beta)
+
+    def state_size(self, N, D):
+        return D * D
+
+    def _chunked(self, q, k, v, g, beta):
+        raise NotImplementedError
+
+    def _c(self, N):
+        return chunk_length(N, self.params.chunk)
+
+
+def _linear_flops(N, C, D):
+    """Per (batch, head): Q K^T and its product with V in each chunk (4 N C D), the chunk
+    states K^T V and the inter-chunk Q S (4 N D^2)."""
+    return 4 * N * C * D + 4 * N * D * D
+
+
+@register
+class Retention(Recurrent):
+    """RetNet's retention: S_t = γ_h S_{t-1} + k_t^T v_t, γ_h = 1 - 2^(-5-h); o_t = s q_t S_t."""
+    name = "retention"
+    Params = ChunkParams
+    paper = "https://arxiv.org/abs/2307.08621"
+
+    def _terms(self, q, k, v, inputs):
+        return q, k, v, retention_log_decay(q), None
+
+    def _chunked(self, q, k, v, g, beta):
+        return chunk_scalar_gate(q, k, v, g, self.params.chunk)
+
+    def flops(self, B, H, N, D, causal=False):
+        return B * H * _linear_flops(N, self._c(N), D)
+
+
+def retention_log_decay(q: torch.Tensor) -> torch.Tensor:
+    """log γ_h for each head h = 0..H-1, expanded to (B, H, N)."""
+    B, H, N, _ = q.shape
+    h = torch.arange(H, dtype=torch.float64)
+    g = torch.log1p(-torch.pow(2.0, -5.0 - h)).to(q.dtype).to(q.device)
+    return g[None, :, None].expand(B, H, N)
+
+
+@register
+class GLA(Recurrent):
+    """Gated linear attention: S_t = Diag(exp g_t) S_{t-1} + k_t^T v_t; g (B, H, N, D) <= 0."""
+    name = "gla"
+    Params = GLAParams
+    paper = "https://arxiv.org/abs/2312.06635"
+    inputs = (GATE_CHANNEL,)
+
+    def _chunked(self, q, k, v, g, beta):
+        return chunk_channel_gate(q, k, v, g, self.params.chunk, self.params.sub_chunk)
+
+    def flops(self, B, H, N, D, causal=False):
+        C = chunk_length(N, self.params.chunk, self.params.sub_chunk)
+        c = min(self.params.sub_chunk, C)
+        # Q K^T against each query sub-chunk's scaled keys and the (c, c, D) products
+        # within sub-chunks, then as the scalar gate.
+        return B * H * (2 * N * C * D + 2 * N * c * D + 2 * N * C * D + 4 * N * D * D)
+
+
+@register
+class Mamba2(Recurrent):
+    """Mamba2's SSD core: S_t = exp(g_t) S_{t-1} + k_t^T v_t with g (B, H, N) <= 0."""
+    name = "mamba2"
+    Params = ChunkParams
+    paper = "https://arxiv.org/abs/2405.21060"
+    inputs = (GATE_HEAD,)
+
+    def _chunked(self, q, k, v, g, beta):
+        return chunk_scalar_gate(q, k, v, g, self.params.chunk)
+
+    def flops(self, B, H, N, D, causal=False):
+        return B * H * _linear_flops(N, self._c(N), D)
+
+
+def _delta_flops(N, C, D):
+    """Per (batch, head): K K^T, Q K^T and att U in each chunk (6 N C D), the triangular
+    solve for [Ũ | W] = T [V | K] (2 D right-hand sides: 2 N C D), W S, Q S, K^T U
+    (6 N D^2)."""
+    return 8 * N * C * D + 6 * N * D * D
+
+
+@register
+class DeltaNet(Recurrent):
+    """DeltaNet: S_t = (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t, q and k L2-normalised."""
+    name = "deltanet"
+    Params = ChunkParams
+    paper = "https://arxiv.org/abs/2406.06484"
+    inputs = (BETA,)
+    delta = True
+
+    def _chunked(self, q, k, v, g, beta):
+        return chunk_delta(q, k, v, beta, None, self.params.chunk)
+
+    def flops(self, B, H, N, D, causal=False):
+        return B * H * _delta_flops(N, self._c(N), D)
+
+
+@register
+class GatedDeltaNet(Recurrent):
+    """Gated DeltaNet: S_t = exp(g_t) (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t."""
+    name = "gated_deltanet"
+    Params = ChunkParams
+    paper = "https://arxiv.org/abs/2412.06464"
+    inputs = (GATE_HEAD, BETA)
+    delta = True
+
+    def _chunked(self, q, k, v, g, beta):
+        return chunk_delta(q, k, v, beta, g, self.params.chunk)
+
+    def flops(self, B, H, N, D, causal=False):
+        return B * H * _delta_flops(N, self._c(N), D)
+
+
