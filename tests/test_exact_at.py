@@ -45,6 +45,10 @@ CLAIMS = [
     ("linformer", {"k": N - 1, "projection": "mean_pool"}, N, False, False),
     ("nystrom", {"num_landmarks": N, "pinv_iterations": 0}, N, False, True),
     ("nystrom", {"num_landmarks": N - 1, "pinv_iterations": 0}, N, False, False),
+    # every token a landmark, but the pseudo-inverse iterative (6 iterations, the default;
+    # 1): it only approaches A^+, so the setting is not exact (rel_err 0.09 and 0.7 here)
+    ("nystrom", {"num_landmarks": N}, N, False, False),
+    ("nystrom", {"num_landmarks": N, "pinv_iterations": 1}, N, False, False),
     ("linear", {}, N, False, False),
     ("performer", {"num_features": 512}, N, False, False),
     ("scatterbrain", {"window": N - 1}, N, False, True),
