@@ -63,9 +63,11 @@ def _scan(decay: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     decay (B, H, n, 1 or D, 1), U (B, H, n, D, D) -> (B, H, n, D, D)."""
     S = torch.zeros_like(U[:, :, 0])
     states = []
-    for c in range(U.shape[2]):
+    # unbind, not U[:, :, c]: each indexing's backward would write a zero tensor of U's
+    # size, (N / C)^2 D^2 in all; unbind's is one stack.
+    for d, u in zip(decay.unbind(2), U.unbind(2)):
         states.append(S)
-        S = decay[:, :, c] * S + U[:, :, c]
+        S = d * S + u
     return torch.stack(states, dim=2)
 
 
@@ -141,7 +143,9 @@ def chunk_delta(q, k, v, beta, g, C: int) -> torch.Tensor:
     ke = kc if b is None else kc * b.exp()[..., None]
     rhs = bc[..., None] * torch.cat([vc, ke], dim=-1)  # diag(β) [V | K ⊙ e^b]
     x = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)  # (I + A)^-1
-    u_t, w = x[..., :D], x[..., D:]  # Ũ = T V, W = T (K ⊙ e^b)
+    # Ũ = T V, W = T (K ⊙ e^b); contiguous: the per-chunk matmuls on strided halves ran
+    # ten times slower here.
+    u_t, w = x[..., :D].contiguous(), x[..., D:].contiguous()
     att = (qc @ kc.transpose(-1, -2)) * gam  # tril(Q K^T) ⊙ Γ
     if b is None:
         qe, kd, decay = qc, kc, None
@@ -150,9 +154,12 @@ def chunk_delta(q, k, v, beta, g, C: int) -> torch.Tensor:
         qe, kd, decay = qc * b.exp()[..., None], kc * (last - b).exp()[..., None], last.exp()
     S = q.new_zeros(B, H, D, D)
     out = []
-    for c in range(n // C):
-        u = u_t[:, :, c] - w[:, :, c] @ S  # (B, H, C, D)
-        out.append(qe[:, :, c] @ S + att[:, :, c] @ u)
-        S = S if decay is None else decay[:, :, c, :, None] * S
-        S = S + kd[:, :, c].transpose(-1, -2) @ u
+    decays = [None] * (n // C) if decay is None else decay[..., None].unbind(2)
+    # unbind, not [:, :, c] (see _scan): one stack in the backward, not N / C zero tensors.
+    for u_c, w_c, q_c, a_c, k_c, d_c in zip(u_t.unbind(2), w.unbind(2), qe.unbind(2),
+                                             att.unbind(2), kd.unbind(2), decays):
+        u = u_c - w_c @ S  # (B, H, C, D): the values the erase leaves
+        out.append(q_c @ S + a_c @ u)
+        S = S if d_c is None else d_c * S
+        S = S + k_c.transpose(-1, -2) @ u
     return (s * torch.stack(out, dim=2)).reshape(B, H, n, D)[:, :, :N]

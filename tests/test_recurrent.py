@@ -1,0 +1,153 @@
+"""The gated linear recurrences (variants/recurrent/) against their float64 sequential
+recurrence: forward and gradients (q, k, v and each declared input) at N = 1, C - 1, C,
+C + 1 and 1000, in float64 to 1e-10 and in float32 within twice the float32 sequential
+recurrence's own error (flash-attention's rule); long float32 and bfloat16 runs stay
+finite; the declared inputs are checked before any work."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import variants
+
+NAMES = ["retention", "gla", "mamba2", "deltanet", "gated_deltanet"]
+C = 64  # every variant's default chunk
+LENGTHS = [1, C - 1, C, C + 1, 1000]
+
+
+def case(name, N, B=1, H=2, D=8, dtype=torch.float64, seed=0):
+    m = variants.build(name)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, D, generator=g, dtype=torch.float64) for _ in range(3))
+    ins = m.draw_inputs(B, H, N, D, seed=seed, dtype=torch.float64)
+    return m, q, k, v, ins
+
+
+def _grads(fn, q, k, v, ins, dtype, w):
+    """Output and gradients of sum(o * w) w.r.t. q, k, v and each input, in `dtype`."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    extra = {n: t.detach().to(dtype).requires_grad_() for n, t in ins.items()}
+    o = fn(*leaves, **extra)
+    (o.double() * w).sum().backward()
+    return [o.detach().double()] + [t.grad.double() for t in leaves + list(extra.values())]
+
+
+def _rel(a, ref):
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _labels(ins):
+    return ["o", "dq", "dk", "dv"] + [f"d{n}" for n in ins]
+
+
+@pytest.mark.parametrize("N", LENGTHS)
+@pytest.mark.parametrize("name", NAMES)
+def test_chunked_matches_the_sequential_recurrence(name, N):
+    m, q, k, v, ins = case(name, N)
+    w = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = _grads(m.reference, q, k, v, ins, torch.float64, w)
+    chunked = lambda *a, **i: m(*a, causal=True, **i)  # noqa: E731
+    got64 = _grads(chunked, q, k, v, ins, torch.float64, w)
+    for label, a, r in zip(_labels(ins), got64, ref):
+        assert _rel(a, r) <= 1e-10, (label, _rel(a, r))
+    base = _grads(lambda *a, **i: _sequential(m, *a, **i), q, k, v, ins, torch.float32, w)
+    got32 = _grads(chunked, q, k, v, ins, torch.float32, w)
+    for label, a, b, r in zip(_labels(ins), got32, base, ref):
+        e32 = _rel(b, r)
+        assert _rel(a, r) <= 2 * e32 + 1e-6, (label, _rel(a, r), e32)
+
+
+def _sequential(m, q, k, v, **ins):
+    """The same sequential recurrence in the inputs' own dtype (the float32 baseline)."""
+    from variants.recurrent import recurrence
+    q2, k2, v2, g, beta = m._terms(q, k, v, ins)
+    return recurrence(q2, k2, v2, g, beta)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_weights_times_v_is_the_forward(name):
+    m, q, k, v, ins = case(name, 150, B=2, H=3)
+    torch.testing.assert_close(m.weights(q, k, True, **ins) @ v, m(q, k, v, causal=True, **ins),
+                               rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_long_float32_is_finite_forward_and_backward(name):
+    """N = 16384 with the benchmark's gates: decays compound to exp(-hundreds) over a chunk
+    (Mamba2's A up to 16), which log space must carry without inf or NaN."""
+    N, B, H, D = 16384, 1, 1, 16
+    m = variants.build(name)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, generator=g).requires_grad_() for _ in range(3))
+    ins = {n: t.requires_grad_() for n, t in m.draw_inputs(B, H, N, D, seed=0).items()}
+    o = m(q, k, v, causal=True, **ins)
+    assert torch.isfinite(o).all()
+    o.square().sum().backward()
+    for t in [q, k, v, *ins.values()]:
+        assert torch.isfinite(t.grad).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bfloat16_is_finite_and_close(name):
+    N, B, H, D = 4096, 1, 1, 16
+    m = variants.build(name)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, generator=g).bfloat16() for _ in range(3))
+    ins = m.draw_inputs(B, H, N, D, seed=0, dtype=torch.bfloat16)
+    with torch.no_grad():
+        o = m(q, k, v, causal=True, **ins)
+        ref = m.reference(q, k, v, **ins)
+    assert o.dtype == torch.bfloat16 and torch.isfinite(o).all()
+    assert _rel(o.double(), ref) <= 3e-2
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declared_inputs_are_checked(name):
+    m, q, k, v, ins = case(name, 20)
+    s = variants.spec(name)
+    assert s.family == "recurrent" and s.causal_only and not s.exact
+    assert [i.name for i in s.inputs] == list(ins)
+    assert m.state_size(1000, 64) == 64 * 64 and not m.exact_at(20, True)
+    with pytest.raises(ValueError, match="a recurrence: causal only"):
+        m(q, k, v, **ins)
+    assert "a recurrence: causal only" in m.unsupported_reasons(
+        device="cpu", dtype=q.dtype, causal=False, seq_len=20, head_dim=8)
+    with pytest.raises(ValueError, match="unknown input.*'h'"):
+        m(q, k, v, causal=True, h=q[..., 0], **ins)
+    for n, t in ins.items():
+        rest = {o: u for o, u in ins.items() if o != n}
+        with pytest.raises(ValueError, match=f"missing input.*{n}"):
+            m(q, k, v, causal=True, **rest)
+        with pytest.raises(ValueError, match=f"input '{n}' must be"):
+            m(q, k, v, causal=True, **rest, **{n: t[:, :, :-1]})
+        with pytest.raises(ValueError, match=f"input '{n}'.*dtype"):
+            m(q, k, v, causal=True, **rest, **{n: t.float()})
+        bad = t.clone()
+        bad[0, 0, 3] = 0.5 if n == "g" else 1.0
+        with pytest.raises(ValueError, match=f"input '{n}' must lie in"):
+            m(q, k, v, causal=True, **rest, **{n: bad})
+        with pytest.raises(ValueError, match=f"input '{n}' must lie in"):
+            m.weights(q, k, True, **rest, **{n: bad})
+    if "beta" in ins:
+        bad = ins["beta"].clone()
+        bad[0, 0, 0] = 0.0
+        with pytest.raises(ValueError, match="input 'beta' must lie in"):
+            m(q, k, v, causal=True, **{**ins, "beta": bad})
+
+
+def test_the_draws_follow_the_papers_layers():
+    """GLA's gate is logsigmoid(x) / 16 (<= 0, mean about -0.05); Mamba2's decay is
+    -exp(A_log) softplus(x + dt_bias), negative; beta = sigmoid(x) in (0, 1), also in
+    bfloat16 (which rounds sigmoid(5) to 1)."""
+    g = variants.build("gla").draw_inputs(2, 4, 4096, 16, seed=3)["g"]
+    assert g.shape == (2, 4, 4096, 16) and bool((g <= 0).all())
+    assert -0.07 < float(g.mean()) < -0.03
+    g2 = variants.build("mamba2").draw_inputs(2, 4, 64, 16, seed=3)["g"]
+    assert g2.shape == (2, 4, 64) and bool((g2 < 0).all())
+    beta = variants.build("deltanet").inputs[0]
+    assert beta.range_text == "(0, 1)" and variants.build("gla").inputs[0].range_text == "<= 0"
+    assert torch.tensor(0.999).bfloat16() == 1  # sigmoid(7) rounds to 1 in bfloat16 ...
+    wide = dataclasses.replace(beta, sample=lambda gen, B, H, N, D: torch.full((B, H, N), 0.999))
+    b = wide.draw(1, 1, 10, 8, seed=0, dtype=torch.bfloat16)
+    assert bool((b < 1).all()) and bool((b > 0.99).all())  # ... and the draw stays inside
