@@ -4,10 +4,12 @@
 one list of variants (`register`, `build`, `names`, `spec`); `reference` is exact softmax
 attention in float64, in query chunks, that every error is measured against; `checks`
 (shapes, key masks, the 1/sqrt(D) scale) sits below both; `ops` holds the in-place numerics
-the families' kernels share. Imports: torch only; nothing from the families.
+the families' kernels share; `decoding` the states a decoder keeps (a key-value cache
+written in place, a ring buffer). Imports: torch only; nothing from the families.
 """
 
 from .checks import KeyMask, check_qkv, softmax_scale
+from .decoding import DecodeState, KVCache, RingKV
 from .inputs import InputSpec
 from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
 from .ops import (Workspace, compute_dtype, exp_, softmax_, softmax_logsumexp,
@@ -16,8 +18,8 @@ from .reference import dense_mask, exact_reference, naive_attention, softmax_wei
 from .registry import (ParamSpec, VariantSpec, build, make_params, names, register,
                        spec)
 
-__all__ = ["WEIGHTS_MAX_N", "InputSpec", "KeyMask", "NoParams", "ParamSpec", "Variant", "VariantSpec",
-           "Workspace", "build", "check_qkv", "compute_dtype", "dense_mask", "exact_",
-           "exact_reference", "make_params", "naive_attention", "names", "param",
-           "register", "softmax_", "softmax_logsumexp", "softmax_lse_", "softmax_scale",
-           "softmax_weights", "spec"]
+__all__ = ["DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
+           "RingKV", "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build",
+           "check_qkv", "compute_dtype", "dense_mask", "exact_", "exact_reference",
+           "make_params", "naive_attention", "names", "param", "register", "softmax_",
+           "softmax_logsumexp", "softmax_lse_", "softmax_scale", "softmax_weights", "spec"]

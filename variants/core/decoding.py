@@ -90,6 +90,15 @@ class KVCache(DecodeState):
         self.v[:, :, self.n] = v[:, :, 0]
         self.n += 1
 
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write (B, H, r, D) keys and values after those held, in place."""
+        r = k.shape[-2]
+        if self.n + r > self.k.shape[-2]:
+            raise ValueError(f"the cache is full: max_len = {self.k.shape[-2]} tokens")
+        self.k[:, :, self.n:self.n + r] = k
+        self.v[:, :, self.n:self.n + r] = v
+        self.n += r
+
     def keys(self) -> torch.Tensor:
         return self.k[:, :, :self.n]  # (B, H, n, D), a view
 
@@ -125,6 +134,14 @@ class RingKV(DecodeState):
         self.k[:, :, slot] = k[:, :, 0]
         self.v[:, :, slot] = v[:, :, 0]
         self.n += 1
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Take (B, H, r, D) more tokens; only the last W of them can stay."""
+        W, r = self.k.shape[-2], k.shape[-2]
+        t = torch.arange(max(0, r - W), r, device=k.device)
+        self.k[:, :, (self.n + t) % W] = k[:, :, t]
+        self.v[:, :, (self.n + t) % W] = v[:, :, t]
+        self.n += r
 
     def held(self) -> int:
         return min(self.n, self.k.shape[-2])

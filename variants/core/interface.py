@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 
 from .checks import KeyMask, check_qkv
+from .decoding import DecodeState, check_context, check_token
 from .inputs import InputSpec, check_inputs, draw_inputs
 from .reference import softmax_weights
 
@@ -204,6 +205,63 @@ class Variant(torch.nn.Module):
         studies plot accuracy against; Based, Arora et al. 2024). None where the variant
         does not say (it cannot decode causally, or nobody wrote it down)."""
         return None
+
+    # -- decoding: one new token at a time (`decoding.py`) -----------------------------
+    def decode_reasons(self) -> list[str]:
+        """Why this variant cannot generate token by token; empty when it can. A benchmark
+        records a decode case it refuses as skipped with these reasons."""
+        if not self.supports_causal:
+            return [f"{self.name} is non-causal only: it has no token-by-token form"]
+        if type(self).decode_prefill is Variant.decode_prefill:
+            return [f"{self.name} has no decoding form (no prefill and step)"]
+        return self.extra_decode_reasons()
+
+    def extra_decode_reasons(self) -> list[str]:
+        """Setting-specific reasons it cannot decode (features redrawn every call, ...)."""
+        return []
+
+    def prefill(self, k: torch.Tensor, v: torch.Tensor, *, max_len: int, **inputs):
+        """The state after the context's (B, H, N, D) keys and values, preallocated for a
+        sequence of `max_len` tokens; the context's outputs are not computed."""
+        check_context(k, v, max_len)
+        reasons = self.decode_reasons() + self.unsupported_reasons(
+            device=k.device, dtype=k.dtype, causal=True, seq_len=max_len, head_dim=k.shape[-1])
+        if reasons:
+            raise ValueError("; ".join(reasons))
+        return self.decode_prefill(k, v, max_len, **inputs)
+
+    def step(self, state: DecodeState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             **inputs) -> tuple[torch.Tensor, DecodeState]:
+        """One new token, q, k, v of (B, H, 1, D): its output (B, H, 1, D), equal to that row
+        of the causal forward over the whole sequence, and the state (updated in place)."""
+        check_token(q, k, v)
+        return self.decode_step(state, q, k, v, **inputs)
+
+    def extend(self, state: DecodeState, k: torch.Tensor, v: torch.Tensor,
+               **inputs) -> DecodeState:
+        """More context, (B, H, n, D) keys and values after those the state holds, without
+        outputs: a long context prefilled in pieces (`has_extend` says whether it can)."""
+        if k.dim() != 4 or k.shape != v.shape:
+            raise ValueError(f"extend takes k, v of one (B, H, n, D) shape, got "
+                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+        return self.decode_extend(state, k, v, **inputs)
+
+    def has_extend(self) -> bool:
+        return type(self).decode_extend is not Variant.decode_extend
+
+    def decode_extend(self, state, k, v, **inputs) -> DecodeState:
+        raise NotImplementedError(f"{self.name} prefills its context in one call only")
+
+    def state_nbytes(self, state: DecodeState) -> int:
+        """Bytes the decoding state holds (its preallocated tensors)."""
+        return state.nbytes()
+
+    def decode_prefill(self, k, v, max_len, **inputs) -> DecodeState:
+        """Build the state; variants with a decoding form override this and `decode_step`."""
+        raise NotImplementedError
+
+    def decode_step(self, state, q, k, v, **inputs):
+        raise NotImplementedError
 
     def memory_bytes(self, B: int, H: int, N: int, D: int, dtype: torch.dtype,
                      backward: bool = False) -> int | None:

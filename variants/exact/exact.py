@@ -12,7 +12,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..core import Variant, naive_attention, register
+from ..core import KVCache, Variant, naive_attention, register
 
 
 class _Exact(Variant):
@@ -28,6 +28,21 @@ class _Exact(Variant):
     def state_size(self, N, D):
         return 2 * N * D  # the key-value cache
 
+    def decode_prefill(self, k, v, max_len):
+        return KVCache.prefill(k, v, max_len)  # preallocated, written in place per token
+
+    def decode_extend(self, state, k, v):
+        state.extend(k, v)
+        return state
+
+    def decode_step(self, state, q, k, v):
+        state.append(k, v)
+        return self.attend_cache(q, state.keys(), state.values()), state
+
+    def attend_cache(self, q, K, V):
+        """One query row (B, H, 1, D) over the n cached keys and values (B, H, n, D)."""
+        raise NotImplementedError
+
 
 @register
 class Standard(_Exact):
@@ -42,6 +57,9 @@ class Standard(_Exact):
     def attend(self, q, k, v, causal):
         return naive_attention(q, k, v, causal)
 
+    def attend_cache(self, q, K, V):
+        return naive_attention(q, K, V)  # (B, H, 1, n) scores: one row needs no mask
+
 
 @register
 class SDPA(_Exact):
@@ -51,6 +69,9 @@ class SDPA(_Exact):
 
     def attend(self, q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def attend_cache(self, q, K, V):
+        return F.scaled_dot_product_attention(q, K, V)  # the newest row sees every key
 
 
 def xformers_reasons(device: torch.device, dtype: torch.dtype) -> list[str]:
@@ -111,3 +132,9 @@ class XFormers(_Exact):
         bias = LowerTriangularMask() if causal else None
         o = memory_efficient_attention(q, k, v, attn_bias=bias)
         return o.transpose(1, 2)  # (B, H, N, D)
+
+    def attend_cache(self, q, K, V):
+        from xformers.ops import memory_efficient_attention
+
+        q, K, V = (t.transpose(1, 2) for t in (q, K, V))  # (B, n, H, D)
+        return memory_efficient_attention(q, K, V).transpose(1, 2)  # (B, H, 1, D)

@@ -45,7 +45,7 @@ import math
 
 import torch
 
-from ..core import (Variant, compute_dtype, exp_, param, register, softmax_,
+from ..core import (DecodeState, Variant, compute_dtype, exp_, param, register, softmax_,
                     softmax_logsumexp, softmax_lse_)
 from .causal import causal_kernel_attention, core_flops
 from .noncausal import (FeatureMap, block_rows, kernel_attention, kernel_weights,
@@ -150,13 +150,84 @@ class FavorFeatures(FeatureMap):
                          out=out)
 
 
+@dataclasses.dataclass
+class KernelState(DecodeState):
+    """The running sums of causal kernel attention after n tokens, in the compute dtype:
+    S = sum_j phi(k_j)^T w_j v_j (B, H, M, D) and z = sum_j w_j phi(k_j) (B, H, M), where
+    w_j = exp(logw_j - shift) carries a key's own factor (FAVOR+; 1 for elu+1) against the
+    largest seen so far, `shift` (B, H, 1, 1); the sums are rescaled when it grows."""
+    S: torch.Tensor
+    z: torch.Tensor
+    shift: torch.Tensor
+
+    def mark(self):
+        return self.S.clone(), self.z.clone(), self.shift.clone()
+
+    def rewind(self, mark) -> None:
+        for t, saved in zip((self.S, self.z, self.shift), mark):
+            t.copy_(saved)
+
+
+# Context rows a prefill turns into features at a time: (B, H, rows, M) blocks, not the
+# whole (B, H, N, M) context at once.
+_PREFILL_ROWS = 4096
+
+
+class _KernelDecoding:
+    """Token-by-token causal kernel attention for a feature map: prefill sums the
+    context's features into a `KernelState`; a step adds its key and reads its query."""
+
+    def decode_fmap(self, D: int, dtype: torch.dtype, device) -> tuple[FeatureMap, float]:
+        raise NotImplementedError
+
+    def _add_keys(self, state: KernelState, fmap: FeatureMap, k, v) -> None:
+        fk, logw = fmap.key(k)  # (B, H, r, M), (B, H, r, 1) or None
+        if logw is not None:
+            top = torch.maximum(state.shift, logw.amax(dim=-2, keepdim=True))  # (B, H, 1, 1)
+            rescale = (state.shift - top).exp_()  # 0 while nothing was added (-inf shift)
+            state.S.mul_(rescale)
+            state.z.mul_(rescale[..., 0])
+            state.shift.copy_(top)
+            v = v * (logw - top).exp_()  # each key's factor applied to its value row
+            fk_sum = torch.einsum("bhrm,bhr->bhm", fk, (logw - top).exp_()[..., 0])
+        else:
+            fk_sum = fk.sum(dim=-2)
+        state.S.add_(fk.transpose(-1, -2) @ v)  # (B, H, M, D)
+        state.z.add_(fk_sum)
+
+    def decode_prefill(self, k, v, max_len):
+        B, H, N, D = k.shape
+        dt = compute_dtype(k.dtype)
+        M = self.state_size(1, D) // (D + 1)
+        state = KernelState(k.new_zeros(B, H, M, D, dtype=dt), k.new_zeros(B, H, M, dtype=dt),
+                            k.new_full((B, H, 1, 1), float("-inf"), dtype=dt))
+        return self.decode_extend(state, k, v)
+
+    def decode_extend(self, state, k, v):
+        fmap, _ = self.decode_fmap(k.shape[-1], k.dtype, k.device)
+        dt = state.S.dtype
+        for s in range(0, k.shape[-2], _PREFILL_ROWS):
+            self._add_keys(state, fmap, k[:, :, s:s + _PREFILL_ROWS].to(dt),
+                           v[:, :, s:s + _PREFILL_ROWS].to(dt))
+        return state
+
+    def decode_step(self, state, q, k, v):
+        dt = state.S.dtype
+        fmap, eps = self.decode_fmap(q.shape[-1], q.dtype, q.device)
+        self._add_keys(state, fmap, k.to(dt), v.to(dt))
+        fq = fmap.query(q.to(dt))  # (B, H, 1, M)
+        num = fq @ state.S  # (B, H, 1, D)
+        den = fq @ state.z.unsqueeze(-1)  # (B, H, 1, 1)
+        return num.div_(den.add_(eps)).to(q.dtype), state
+
+
 @dataclasses.dataclass(frozen=True)
 class LinearParams:
     eps: float = param(1e-6, doc="added to the normaliser phi(q).sum_j phi(k_j)", min=0.0)
 
 
 @register
-class Linear(Variant):
+class Linear(_KernelDecoding, Variant):
     """elu(x)+1 feature-map linear attention, O(N D^2); causal by chunked prefix sums."""
     name = "linear"
     family = "linear"
@@ -183,6 +254,9 @@ class Linear(Variant):
     def attention_weights(self, q, k, causal):
         fq, fk = self.feature_maps(q, k)  # (B, H, N, D)
         return kernel_weights(fq, fk, self.params.eps, causal).to(q.dtype)
+
+    def decode_fmap(self, D, dtype, device):
+        return EluFeatures(), self.params.eps
 
     def flops(self, B, H, N, D, causal=False):
         return B * H * core_flops(N, D, D, causal, _CHUNK_LINEAR)
@@ -220,7 +294,7 @@ def random_projection(m: int, D: int, orthogonal: bool, generator: torch.Generat
 
 
 @register
-class Performer(Variant):
+class Performer(_KernelDecoding, Variant):
     """FAVOR+ positive (orthogonal) random features for the softmax kernel; causal by chunked prefix sums."""
     name = "performer"
     family = "linear"
@@ -287,6 +361,15 @@ class Performer(Variant):
         else:
             o = kernel_attention(q, k, v, fmap, eps, rows=rows)
         return o.to(dtype)
+
+    def decode_fmap(self, D, dtype, device):
+        return self.feature_map(D, dtype, device), torch.finfo(compute_dtype(dtype)).tiny
+
+    def extra_decode_reasons(self):
+        if self.params.redraw:
+            return ["performer(redraw=True) draws new features on every call: no state "
+                    "carries from one token to the next"]
+        return []
 
     def extra_weights_reasons(self):
         if self.params.redraw:

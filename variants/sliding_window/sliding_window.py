@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import KeyMask, Variant, param, register, softmax_scale
+from ..core import KeyMask, RingKV, Variant, naive_attention, param, register, softmax_scale
 from .band_rows import band_rows_attention
 
 # Query-chunk rows: half the window, within these bounds. A chunk scores c + 2w keys per
@@ -150,6 +150,18 @@ class SlidingWindow(Variant):
 
     def state_size(self, N, D):
         return 2 * min(self.params.window + 1, N) * D  # the cache of the window's keys, values
+
+    def decode_prefill(self, k, v, max_len):
+        # Query i sees i - window .. i: a ring of the last window + 1 keys and values.
+        return RingKV.prefill(k, v, min(self.params.window + 1, max(max_len, 1)))
+
+    def decode_extend(self, state, k, v):
+        state.extend(k, v)
+        return state
+
+    def decode_step(self, state, q, k, v):
+        state.append(k, v)
+        return naive_attention(q, state.keys(), state.values()), state  # (B, H, 1, D)
 
     def flops(self, B, H, N, D, causal=False):
         """FLOPs of the blocked scheme as computed: every chunk scores its whole key span.
