@@ -20,6 +20,6 @@ from .registry import (ParamSpec, VariantSpec, build, make_params, names, regist
 
 __all__ = ["DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
            "RingKV", "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build",
-           "check_qkv", "compute_dtype", "dense_mask", "exact_", "exact_reference",
+           "check_qkv", "compute_dtype", "dense_mask", "exact_reference", "exp_",
            "make_params", "naive_attention", "names", "param", "register", "softmax_",
            "softmax_logsumexp", "softmax_lse_", "softmax_scale", "softmax_weights", "spec"]
