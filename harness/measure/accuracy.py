@@ -41,14 +41,23 @@ def sample_rows(N: int, max_rows: int, seed: int) -> torch.Tensor | None:
 
 
 def error(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-          *, max_rows: int = 1024, seed: int = 0, layers: int | None = None) -> Error:
+          *, max_rows: int = 1024, seed: int = 0, layers: int | None = None,
+          reference=None, inputs: dict | None = None) -> Error:
     """Error of o (B, H, N, D) against float64 exact attention on q, k, v.
 
     `layers`: B is that many layers stacked layer-major; rel_err is also given per layer.
+    `reference(q, k, v, causal, **inputs)`: the variant's own float64 form instead (a
+    recurrence, `err_ref` = recurrence), run over the whole sequence, then sampled.
     """
     N = q.shape[-2]
     rows = sample_rows(N, max_rows, seed)
-    ref = variants.exact_reference(q.detach(), k.detach(), v.detach(), causal, rows=rows)
+    if reference is None:
+        ref = variants.exact_reference(q.detach(), k.detach(), v.detach(), causal, rows=rows)
+    else:
+        with torch.no_grad():
+            ref = reference(q.detach(), k.detach(), v.detach(), causal,
+                            **{n: t.detach() for n, t in (inputs or {}).items()})
+        ref = ref if rows is None else ref[:, :, rows.to(ref.device)]
     got = (o if rows is None else o[:, :, rows.to(o.device)]).detach().double()  # (B, H, R, D)
     diff = got - ref
     rel = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref))

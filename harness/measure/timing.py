@@ -107,23 +107,25 @@ def summarise(times_s: list[float]) -> Timing:
     return Timing(statistics.median(ms), q3 - q1, len(ms), tuple(ms))
 
 
-def forward_fn(module, q, k, v, causal: bool) -> Callable[[], torch.Tensor]:
-    """The forward pass, without autograd bookkeeping."""
+def forward_fn(module, q, k, v, causal: bool, **inputs) -> Callable[[], torch.Tensor]:
+    """The forward pass, without autograd bookkeeping (`inputs`: those beyond q, k, v)."""
     def fn():
         with torch.no_grad():
-            return module(q, k, v, causal=causal)
+            return module(q, k, v, causal=causal, **inputs)
     return fn
 
 
-def forward_backward_fn(module, q, k, v, causal: bool) -> Callable[[], torch.Tensor]:
-    """Forward, then backward of o.sum() into q, k, v (which require grad).
+def forward_backward_fn(module, q, k, v, causal: bool, **inputs) -> Callable[[], torch.Tensor]:
+    """Forward, then backward of o.sum() into q, k, v (which require grad) and the inputs
+    beyond them that require grad.
 
     Gradients are dropped at the start of each call so they are not accumulated and the
     previous call's gradient buffers are freed before this one allocates its own.
     """
     def fn():
-        q.grad = k.grad = v.grad = None
-        o = module(q, k, v, causal=causal)
+        for t in (q, k, v, *inputs.values()):
+            t.grad = None
+        o = module(q, k, v, causal=causal, **inputs)
         o.sum().backward()
         return o.detach()
     return fn
