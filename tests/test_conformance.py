@@ -17,6 +17,17 @@ NAMES = variants.names()
 N_GENERIC = 300  # above every default budget (landmarks, projection rank, windows)
 
 
+def causal_of(name: str) -> bool:
+    """The generic tests' causal flag: False, except for causal-only variants (a recurrence)."""
+    return variants.spec(name).causal_only
+
+
+def extra(m, q) -> dict:
+    """The inputs beyond q, k, v the variant declares, drawn as the benchmark draws them."""
+    B, H, N, D = q.shape
+    return m.draw_inputs(B, H, N, D, seed=0, dtype=q.dtype, device=q.device)
+
+
 def qkv(B=3, H=3, N=N_GENERIC, D=16, dtype=torch.float32, seed=0, requires_grad=False):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, N, D, generator=g).to(dtype).requires_grad_(requires_grad)
@@ -74,7 +85,7 @@ def test_output_shape_dtype_finite(name, causal):
     if not runnable(m, q, causal):
         return
     with torch.no_grad():
-        o = m(q, k, v, causal=causal)
+        o = m(q, k, v, causal=causal, **extra(m, q))
     assert o.shape == q.shape and o.dtype == q.dtype and o.device == q.device
     assert torch.isfinite(o).all()
 
@@ -83,10 +94,12 @@ def test_output_shape_dtype_finite(name, causal):
 def test_gradients_flow_to_q_k_v(name):
     m = variants.build(name)
     q, k, v = qkv(requires_grad=True)
-    if not runnable(m, q, backward=True):
+    causal = causal_of(name)
+    if not runnable(m, q, causal, backward=True):
         return
-    m(q, k, v).square().sum().backward()
-    for t in (q, k, v):
+    ins = {n: t.requires_grad_() for n, t in extra(m, q).items()}
+    m(q, k, v, causal=causal, **ins).square().sum().backward()
+    for t in (q, k, v, *ins.values()):
         assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0
 
 
@@ -94,13 +107,19 @@ def test_gradients_flow_to_q_k_v(name):
 def test_batch_and_heads_are_independent(name):
     m = variants.build(name)
     q, k, v = qkv()
-    if not runnable(m, q):
+    causal = causal_of(name)
+    if not runnable(m, q, causal):
         return
     perm = torch.tensor([2, 0, 1])
+    ins = extra(m, q)
+    ins_perm = {n: t[:, perm] for n, t in ins.items()}
+    ins_b1 = {n: t[1:] for n, t in ins.items()}
+    if getattr(m, "per_head_schedule", False):  # head h has its own fixed constant (RetNet's
+        perm = torch.tensor([0, 1, 2])           # decays): heads are independent, not alike
     with torch.no_grad():
-        o = m(q, k, v)
-        o_perm = m(q[:, perm], k[:, perm], v[:, perm])
-        o_b1 = m(q[1:], k[1:], v[1:])
+        o = m(q, k, v, causal=causal, **ins)
+        o_perm = m(q[:, perm], k[:, perm], v[:, perm], causal=causal, **ins_perm)
+        o_b1 = m(q[1:], k[1:], v[1:], causal=causal, **ins_b1)
     torch.testing.assert_close(o_perm, o[:, perm], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(o_b1, o[1:], rtol=1e-5, atol=1e-5)
 
@@ -121,8 +140,9 @@ def test_causal_output_ignores_the_future(name):
     k2, v2 = k.clone(), v.clone()
     k2[:, :, i + 1:] = torch.randn_like(k2[:, :, i + 1:]) * 3
     v2[:, :, i + 1:] = torch.randn_like(v2[:, :, i + 1:]) * 3
+    ins = extra(m, q)
     with torch.no_grad():
-        o, o2 = m(q, k, v, causal=True), m(q, k2, v2, causal=True)
+        o, o2 = m(q, k, v, causal=True, **ins), m(q, k2, v2, causal=True, **ins)
     torch.testing.assert_close(o2[:, :, :i + 1], o[:, :, :i + 1], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(o2[:, :, i + 1:], o[:, :, i + 1:])
 
@@ -130,11 +150,14 @@ def test_causal_output_ignores_the_future(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_same_parameters_give_the_same_output(name):
     q, k, v = qkv()
-    if not runnable(variants.build(name), q):
+    causal = causal_of(name)
+    m = variants.build(name)
+    if not runnable(m, q, causal):
         return
+    ins = extra(m, q)
     with torch.no_grad():
-        a = variants.build(name)(q, k, v)
-        b = variants.build(name)(q, k, v)
+        a = variants.build(name)(q, k, v, causal=causal, **ins)
+        b = variants.build(name)(q, k, v, causal=causal, **ins)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -208,9 +231,10 @@ def test_weights_times_v_is_the_output(name, causal):
             m.weights(q, k, causal)
         assert reasons[0] in str(e.value)
         pytest.skip(f"declared unsupported: {'; '.join(reasons)}")
+    ins = extra(m, q)
     with torch.no_grad():
-        w = m.weights(q, k, causal)
-        o = m(q, k, v, causal=causal)
+        w = m.weights(q, k, causal, **ins)
+        o = m(q, k, v, causal=causal, **ins)
     assert w.shape == (3, 3, N_GENERIC, N_GENERIC) and w.dtype == dtype
     tol = 1e-9 if wide else 2e-5
     torch.testing.assert_close(w @ v, o, rtol=tol, atol=tol)

@@ -21,12 +21,16 @@ EXACT_PATHS = ("sdpa", "standard")
 # flag (variants' `exact_at`: an exact path, or a window or layout that covers every pair).
 # `state_mib`: memory the variant keeps between calls (a mask, a layout, features), built
 # in its preparation or first call; `peak_mem_mib` is one call's peak above it.
+# `err_ref`: what rel_err, max_abs_err and row_cos were measured against: `softmax` (float64
+# exact attention) or `recurrence` (the variant's own float64 sequential recurrence: gated
+# recurrences approximate no softmax); a run folder written before the column reads as
+# softmax.
 RESULT_COLUMNS = [
     "case_id", "variant", "family", "params", "exact", "device", "dtype", "batch", "heads",
     "head_dim", "seq_len", "causal", "pass", "input", "status", "reason", "time_ms",
     "time_ms_iqr", "repeats", "rounds", "time_ms_spread", "peak_mem_mib", "state_mib", "rel_err",
     "max_abs_err", "err_rows",
-    "row_cos", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed"]
+    "row_cos", "err_ref", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed"]
 
 # time_ms_spread: the largest relative difference between two rounds' medians,
 # (max - min) / min; above this the report flags the case (its ratios are that uncertain).

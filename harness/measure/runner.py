@@ -41,6 +41,7 @@ import variants
 from harness.models import capture
 from harness.measure import busy as busy_sampler
 from harness.measure import timing
+from harness.measure.inputs import DISTRIBUTIONS
 from harness.measure.matrix import Case
 from harness.measure.memory import MALLOC_ENV, MemoryGuard, is_oom_message
 from harness.measure.store import RunStore, environment, matmul_fp32_gflops, matmul_rates, now
@@ -184,6 +185,7 @@ def case_row(case: Case, module) -> dict:
         flops *= 3  # backward counted as twice the forward (two matmuls per forward matmul)
     return {"case_id": case.case_id, "variant": case.variant, "family": module.family,
             "params": case.params, "exact": module.exact_at(case.seq_len, case.causal),
+            "err_ref": module.err_ref,
             "device": case.device, "dtype": case.dtype,
             "batch": case.batch, "heads": case.heads, "head_dim": case.head_dim,
             "seq_len": case.seq_len, "causal": case.causal, "pass": case.pass_,
@@ -198,6 +200,10 @@ def skip_reasons(case: Case, module) -> list[str]:
     reasons += module.unsupported_reasons(device=case.device, dtype=getattr(torch, case.dtype),
                                           causal=case.causal, seq_len=case.seq_len,
                                           head_dim=case.head_dim, backward=case.backward)
+    if module.inputs and case.input not in DISTRIBUTIONS:  # nothing to draw them from
+        reasons.append(f"{case.input} is a captured input without "
+                       f"{', '.join(s.name for s in module.inputs)} ({case.variant}'s "
+                       "inputs beyond q, k, v: the captured model has no gates)")
     return reasons + capture.skip_reasons(case)
 
 

@@ -88,12 +88,14 @@ def run_case(case: Case, part: str) -> dict:
                                   case.head_dim, dtype=dtype, device=device, seed=case.seed)
         else:  # captured q, k, v, (layers x windows, H, N, D) from harness.models.capture's cache
             q, k, v = capture.load_inputs(case, dtype, device)
+        # The inputs beyond q, k, v it declares (gates), from the case's seed, untimed.
+        inputs = module.draw_inputs(*q.shape, seed=case.seed, dtype=dtype, device=device)
         if device.type == "cpu":
             memory.cap_address_space(case.mem_limit_mib)
         try:
             measure = {"memory": _measure_memory, "time": _measure_time,
                        "retime": _retime}[part]
-            return {**common, **measure(case, module, q, k, v, device)}
+            return {**common, **measure(case, module, q, k, v, device, inputs)}
         finally:
             if device.type == "cpu":
                 memory.lift_address_space_cap()
@@ -120,38 +122,42 @@ def _prepare(case: Case, module, q, k, v, device) -> float | None:
     return (time.perf_counter() - start) * 1e3 if did else None
 
 
-def _measure_memory(case: Case, module, q, k, v, device) -> dict:
+def _measure_memory(case: Case, module, q, k, v, device, inputs: dict) -> dict:
     # A throwaway module of the same setting pays this process's one-time costs first
     # (lazy initialisation of torch's kernels and thread pools, a compile), so that what
     # `module`'s preparation and first call leave resident is its own state.
     first = variants.build(case.variant, **case.param_dict).to(device)
     _prepare(case, first, q, k, v, device)
-    _prepared(case, first, q, k, v)()
-    _drop_grads(case, q, k, v)
+    _prepared(case, first, q, k, v, inputs)()
+    _drop_grads(case, q, k, v, *inputs.values())
     del first
     gc.collect()
     before = memory.resident_mib(device)
     _prepare(case, module, q, k, v, device)
-    fn = _prepared(case, module, q, k, v)
+    fn = _prepared(case, module, q, k, v, inputs)
     fn()  # one-time state (features, layouts, masks, caches): kept, not the call's peak
-    _drop_grads(case, q, k, v)  # freed before the state is read and the probe's baseline
+    _drop_grads(case, q, k, v, *inputs.values())  # freed before the state is read and the probe's baseline
     state = max(0.0, memory.resident_mib(device) - before)  # below 0: allocator noise
     return _result("ok", "", peak_mem_mib=memory.peak_mib(fn, device), state_mib=state)
 
 
-def _drop_grads(case: Case, q, k, v) -> None:
+def _drop_grads(case: Case, *tensors) -> None:
     if case.backward:
-        q.grad = k.grad = v.grad = None
+        for t in tensors:
+            t.grad = None
 
 
-def _measure_time(case: Case, module, q, k, v, device) -> dict:
+def _measure_time(case: Case, module, q, k, v, device, inputs: dict) -> dict:
     compile_ms = _prepare(case, module, q, k, v, device)  # before any call: never in time_ms
     # The forward output once, outside any timed region: finiteness and error.
     with torch.no_grad():
-        o = module(q, k, v, causal=case.causal)
+        o = module(q, k, v, causal=case.causal, **inputs)
     if not bool(torch.isfinite(o).all()):
         return _result("nonfinite", "forward output has NaN or Inf")
+    # Against exact softmax attention, or (err_ref = recurrence) the variant's own float64 form.
+    own = None if module.err_ref == "softmax" else module.reference
     err = accuracy.error(o, q, k, v, case.causal, max_rows=case.err_rows, seed=case.seed,
+                         reference=own, inputs=inputs,
                          layers=capture.layers_of(case))
     errors = {"rel_err": err.rel_err, "max_abs_err": err.max_abs_err, "err_rows": err.err_rows,
               "row_cos": err.row_cos}
@@ -160,22 +166,24 @@ def _measure_time(case: Case, module, q, k, v, device) -> dict:
     if compile_ms is not None:  # travels with the error fields into every later result
         errors["compile_ms"] = compile_ms
     del o
-    fn = _prepared(case, module, q, k, v)
+    fn = _prepared(case, module, q, k, v, inputs)
     start = time.perf_counter()
     fn()  # warm-up (the error pass warmed up the forward only); its gradients are checked
     call_s = time.perf_counter() - start
-    if case.backward and not all(bool(torch.isfinite(t.grad).all()) for t in (q, k, v)):
-        return _result("nonfinite", "gradient of q, k or v has NaN or Inf", **errors)
+    if case.backward and not all(bool(torch.isfinite(t.grad).all())
+                                 for t in (q, k, v, *inputs.values())):
+        return _result("nonfinite", "gradient of q, k, v (or an input) has NaN or Inf",
+                       **errors)
     timed = _timed(case, fn, call_s, device)
     if "compile_ms" in errors and module.prepare_calls:  # prepare ran the pass itself
         errors["compile_ms"] = max(0.0, errors["compile_ms"] - module.prepare_calls * timed["time_ms"])
     return _result("ok", "", **timed, **errors)
 
 
-def _retime(case: Case, module, q, k, v, device) -> dict:
+def _retime(case: Case, module, q, k, v, device, inputs: dict) -> dict:
     """A later round: the same preparation and warm-up, then the timing alone."""
     _prepare(case, module, q, k, v, device)  # a compile is cached: fast after round 1
-    fn = _prepared(case, module, q, k, v)
+    fn = _prepared(case, module, q, k, v, inputs)
     start = time.perf_counter()
     fn()  # warm-up
     return _result("ok", "", **_timed(case, fn, time.perf_counter() - start, device))
@@ -190,13 +198,14 @@ def _timed(case: Case, fn, call_s: float, device) -> dict:
             "samples_ms": list(t.samples_ms)}
 
 
-def _prepared(case: Case, module, q, k, v):
-    """The call a case measures: forward, or forward then backward into q, k, v."""
+def _prepared(case: Case, module, q, k, v, inputs: dict):
+    """The call a case measures: forward, or forward then backward into q, k, v (and the
+    inputs beyond them: a model trains its gates' projections too)."""
     if not case.backward:
-        return timing.forward_fn(module, q, k, v, case.causal)
-    for t in (q, k, v):
+        return timing.forward_fn(module, q, k, v, case.causal, **inputs)
+    for t in (q, k, v, *inputs.values()):
         t.requires_grad_(True)
-    return timing.forward_backward_fn(module, q, k, v, case.causal)
+    return timing.forward_backward_fn(module, q, k, v, case.causal, **inputs)
 
 
 def describe(e: BaseException) -> str:

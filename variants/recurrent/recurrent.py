@@ -89,6 +89,7 @@ class Retention(Recurrent):
     name = "retention"
     Params = ChunkParams
     paper = "https://arxiv.org/abs/2307.08621"
+    per_head_schedule = True  # head h decays by its own γ_h: heads are not interchangeable
 
     def _terms(self, q, k, v, inputs):
         return q, k, v, retention_log_decay(q), None
