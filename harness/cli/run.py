@@ -220,10 +220,13 @@ def list_command(args) -> int:
         s = variants.spec(name)
         params = ", ".join(f"{p.name}={p.default!r}" + _constraint(p) for p in s.params) or "-"
         exact = "exact" if s.exact else ("pattern" if s.pattern_exact else "approx")
-        rows.append([name, s.family, exact, "yes" if s.supports_causal else "no",
-                     "yes" if s.supports_backward else "no", params, s.paper])
+        exact = exact if s.err_ref == "softmax" else f"no ({s.err_ref})"
+        causal = "only" if s.causal_only else ("yes" if s.supports_causal else "no")
+        inputs = "; ".join(f"{i.name} {i.shape_text} {i.range_text}" for i in s.inputs) or "-"
+        rows.append([name, s.family, exact, causal, "yes" if s.supports_backward else "no",
+                     params, inputs, s.paper])
     print(tabulate(rows, headers=["variant", "family", "exact", "causal", "backward",
-                                  "parameters (defaults)", "paper"]))
+                                  "parameters (defaults)", "inputs beyond q, k, v", "paper"]))
     return 0
 
 

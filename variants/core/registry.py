@@ -35,6 +35,7 @@ class VariantSpec:
     pattern_exact: bool  # exact softmax restricted to a key pattern (sparse, window)
     causal_only: bool = False  # refuses causal=False (a recurrence)
     inputs: tuple = ()  # InputSpecs of the inputs beyond q, k, v it takes
+    err_ref: str = "softmax"  # its error's reference: exact softmax, or its own recurrence
 
     @property
     def defaults(self) -> dict:
@@ -88,7 +89,8 @@ def spec(name: str) -> VariantSpec:
     pattern_exact = cls.key_mask is not Variant.key_mask
     return VariantSpec(cls.name, cls.family, cls.exact, cls.paper, doc[0] if doc else "",
                        _param_specs(cls), cls.supports_causal, cls.supports_backward,
-                       pattern_exact, cls.causal_only is not None, tuple(cls.inputs))
+                       pattern_exact, cls.causal_only is not None, tuple(cls.inputs),
+                       cls.err_ref)
 
 
 def _check_value(variant: str, p: ParamSpec, value):
