@@ -19,7 +19,8 @@ SETTINGS = {
     "performer": {"num_features": 16},
 }
 # Boundaries of each variant's own blocking, so that prefill lengths straddle them.
-BOUNDARIES = {"sliding_window": [5], "linear": [64], "performer": [128]}
+BOUNDARIES = {"sliding_window": [5], "linear": [64], "performer": [128], "retention": [64],
+              "gla": [64], "mamba2": [64], "deltanet": [64], "gated_deltanet": [64]}
 
 
 def _decoders(runnable: bool = True) -> list[str]:
@@ -40,13 +41,24 @@ def _qkv(N, dtype, seed=0):
             for _ in range(3)]
 
 
-def _generate(m, q, k, v, P):
+def _inputs(m, N, dtype, seed=0):
+    """The variant's declared inputs (gates) for N tokens, as the benchmark draws them."""
+    return m.draw_inputs(B, H, N, D, seed=seed, dtype=dtype)
+
+
+def _at(inputs, a, b):
+    return {n: x[:, :, a:b] for n, x in inputs.items()}
+
+
+def _generate(m, q, k, v, P, inputs=None):
     """Prefill P tokens, then step through the rest: the outputs (B, H, N - P, D)."""
     N = q.shape[-2]
-    state = m.prefill(k[:, :, :P], v[:, :, :P], max_len=N)
+    inputs = inputs or {}
+    state = m.prefill(k[:, :, :P], v[:, :, :P], max_len=N, **_at(inputs, 0, P))
     out = []
     for t in range(P, N):
-        o, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
+        o, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
+                          **_at(inputs, t, t + 1))
         assert o.shape == (B, H, 1, D) and o.dtype == q.dtype
         out.append(o)
     return torch.cat(out, dim=-2), state
@@ -58,7 +70,8 @@ def _rel(a, b):
 
 def test_what_decodes_and_what_says_why_not():
     decoders = set(_decoders(runnable=False))
-    assert {"standard", "sdpa", "sliding_window", "linear", "performer"} <= decoders
+    assert {"standard", "sdpa", "sliding_window", "linear", "performer", "retention", "gla",
+            "mamba2", "deltanet", "gated_deltanet"} <= decoders
     for name in variants.names():
         m = variants.build(name, **SETTINGS.get(name, {}))
         if name in decoders:
@@ -80,8 +93,9 @@ def test_decoding_equals_the_causal_forward_in_float64(name):
     lengths = {0, 1, 7} | {b + d for b in BOUNDARIES.get(name, []) for d in (-1, 0, 1)}
     for P in sorted(lengths):
         q, k, v = _qkv(P + T, torch.float64, seed=P)
-        full = m(q, k, v, causal=True)  # (B, H, P + T, D)
-        got, _ = _generate(m, q, k, v, P)
+        inputs = _inputs(m, P + T, torch.float64, seed=P)
+        full = m(q, k, v, causal=True, **inputs)  # (B, H, P + T, D)
+        got, _ = _generate(m, q, k, v, P, inputs)
         assert _rel(got, full[:, :, P:]) < 1e-10, (name, P)
 
 
@@ -90,9 +104,11 @@ def test_decoding_in_float32_is_within_twice_the_forward_rounding(name):
     m = variants.build(name, **SETTINGS.get(name, {}))
     P = 70
     q, k, v = _qkv(P + T, torch.float32, seed=1)
-    ref = m(*(t.double() for t in (q, k, v)), causal=True)[:, :, P:]
-    e = _rel(m(q, k, v, causal=True)[:, :, P:], ref)
-    got, _ = _generate(m, q, k, v, P)
+    inputs = _inputs(m, P + T, torch.float32, seed=1)
+    ref = m(*(t.double() for t in (q, k, v)), causal=True,
+            **{n: x.double() for n, x in inputs.items()})[:, :, P:]
+    e = _rel(m(q, k, v, causal=True, **inputs)[:, :, P:], ref)
+    got, _ = _generate(m, q, k, v, P, inputs)
     assert _rel(got, ref) <= 2 * e + 1e-6, name
 
 
@@ -100,13 +116,15 @@ def test_decoding_in_float32_is_within_twice_the_forward_rounding(name):
 def test_a_rewound_state_decodes_the_same_tokens_again(name):
     m = variants.build(name, **SETTINGS.get(name, {}))
     q, k, v = _qkv(20 + T, torch.float64, seed=2)
-    state = m.prefill(k[:, :, :20], v[:, :, :20], max_len=20 + T)
+    inputs = _inputs(m, 20 + T, torch.float64, seed=2)
+    state = m.prefill(k[:, :, :20], v[:, :, :20], max_len=20 + T, **_at(inputs, 0, 20))
     mark = state.mark()
     runs = []
     for _ in range(2):
         out = []
         for t in range(20, 20 + T):
-            o, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
+            o, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
+                              **_at(inputs, t, t + 1))
             out.append(o)
         runs.append(torch.cat(out, dim=-2))
         state.rewind(mark)
@@ -127,15 +145,16 @@ def test_the_exact_cache_is_preallocated_and_written_in_place():
 
 
 def test_fixed_states_do_not_grow_with_the_context():
-    """A window keeps window + 1 tokens, a kernel state M (D + 1) numbers and a shift,
-    whatever the context's length."""
-    for name, kept in (("sliding_window", 2 * B * H * 5 * D * 8),
+    """A window keeps window + 1 tokens, a kernel state M (D + 1) numbers and a shift, a
+    recurrence its D x D state, whatever the context's length."""
+    for name, kept in (("gated_deltanet", B * H * D * D * 8),
+                       ("sliding_window", 2 * B * H * 5 * D * 8),
                        ("linear", B * H * (D * D + D + 1) * 8),
                        ("performer", B * H * (16 * D + 16 + 1) * 8)):
         m = variants.build(name, **SETTINGS.get(name, {}))
         for N in (3, 40):
             k, v = _qkv(N, torch.float64)[1:]
-            state = m.prefill(k, v, max_len=N + 1)
+            state = m.prefill(k, v, max_len=N + 1, **_inputs(m, N, torch.float64))
             expect = kept if name != "sliding_window" else 2 * B * H * min(5, N + 1) * D * 8
             assert m.state_nbytes(state) == expect, (name, N)
 
@@ -158,12 +177,14 @@ def test_a_context_prefilled_in_pieces_decodes_as_one_prefill(name):
     m = variants.build(name, **SETTINGS.get(name, {}))
     P = 40
     q, k, v = _qkv(P + T, torch.float64, seed=3)
-    state = m.prefill(k[:, :, :3], v[:, :, :3], max_len=P + T)
+    inputs = _inputs(m, P + T, torch.float64, seed=3)
+    state = m.prefill(k[:, :, :3], v[:, :, :3], max_len=P + T, **_at(inputs, 0, 3))
     for a, b in ((3, 5), (5, 17), (17, 40)):
-        state = m.extend(state, k[:, :, a:b], v[:, :, a:b])
+        state = m.extend(state, k[:, :, a:b], v[:, :, a:b], **_at(inputs, a, b))
     out = []
     for t in range(P, P + T):
-        o, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
+        o, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
+                          **_at(inputs, t, t + 1))
         out.append(o)
-    full = m(q, k, v, causal=True)
+    full = m(q, k, v, causal=True, **inputs)
     assert _rel(torch.cat(out, dim=-2), full[:, :, P:]) < 1e-10

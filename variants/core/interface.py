@@ -228,6 +228,8 @@ class Variant(torch.nn.Module):
             device=k.device, dtype=k.dtype, causal=True, seq_len=max_len, head_dim=k.shape[-1])
         if reasons:
             raise ValueError("; ".join(reasons))
+        if self.inputs or inputs:  # the context's own gates, (B, H, N) or (B, H, N, D)
+            check_inputs(self.name, self.inputs, k, inputs)
         return self.decode_prefill(k, v, max_len, **inputs)
 
     def step(self, state: DecodeState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -235,6 +237,8 @@ class Variant(torch.nn.Module):
         """One new token, q, k, v of (B, H, 1, D): its output (B, H, 1, D), equal to that row
         of the causal forward over the whole sequence, and the state (updated in place)."""
         check_token(q, k, v)
+        if self.inputs or inputs:
+            check_inputs(self.name, self.inputs, q, inputs)
         return self.decode_step(state, q, k, v, **inputs)
 
     def extend(self, state: DecodeState, k: torch.Tensor, v: torch.Tensor,
@@ -244,6 +248,8 @@ class Variant(torch.nn.Module):
         if k.dim() != 4 or k.shape != v.shape:
             raise ValueError(f"extend takes k, v of one (B, H, n, D) shape, got "
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
+        if self.inputs or inputs:
+            check_inputs(self.name, self.inputs, k, inputs)
         return self.decode_extend(state, k, v, **inputs)
 
     def has_extend(self) -> bool:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ..core import Variant, compute_dtype, param, register
 from .chunked import chunk_channel_gate, chunk_delta, chunk_length, chunk_scalar_gate
+from .decoding import RecurrentDecoding
 from .gates import BETA, GATE_CHANNEL, GATE_HEAD
 from .reference import dense_weights, recurrence
 
@@ -31,7 +32,7 @@ class GLAParams:
                            "are taken explicitly (the rest of a chunk is matmuls)")
 
 
-class Recurrent(Variant):
+class Recurrent(RecurrentDecoding, Variant):
     """Shared by the family: the causal-only refusal, the dtype handling, the state size
     and the float64 sequential reference. Subclasses give `_terms` (q, k, v, g, beta as
     the recurrence takes them) and `_chunked`."""

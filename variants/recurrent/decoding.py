@@ -1,0 +1,86 @@
+"""The family's decoding form: the (D, Dv) state S after the context, then one recurrence
+step per token (the recurrence of `reference.py`, in the compute dtype).
+
+A prefill without the delta rule needs no step at all: with G the cumulative log-decay
+of a block of r tokens (G_r its total), S <- exp(G_r) S + sum_j exp(G_r - G_j) k_j^T v_j,
+per channel where the gate is per channel; each factor is at most 1 (g <= 0), so nothing
+overflows. The delta rule's erase depends on the state, so its prefill runs the recurrence
+token by token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..core import DecodeState, compute_dtype
+
+# Context tokens the decay-only prefill folds into the state at a time.
+_BLOCK = 4096
+
+
+@dataclasses.dataclass
+class RecurrentState(DecodeState):
+    """S (B, H, D, Dv) in the compute dtype."""
+    S: torch.Tensor
+
+    def mark(self):
+        return self.S.clone()
+
+    def rewind(self, mark) -> None:
+        self.S.copy_(mark)
+
+
+def _cast(terms, dt):
+    return tuple(None if t is None else t.to(dt) for t in terms)
+
+
+class RecurrentDecoding:
+    """Mixed into `Recurrent`: prefill, extend and step on its `_terms`."""
+
+    def decode_prefill(self, k, v, max_len, **inputs):
+        B, H, N, D = k.shape
+        S = k.new_zeros(B, H, D, v.shape[-1], dtype=compute_dtype(k.dtype))
+        return self.decode_extend(RecurrentState(S), k, v, **inputs)
+
+    def decode_extend(self, state, k, v, **inputs):
+        _, k, v, g, beta = _cast(self._terms(k, k, v, inputs), state.S.dtype)
+        if beta is not None:
+            for t in range(k.shape[-2]):
+                _write(state.S, k[:, :, t], v[:, :, t], g[:, :, t] if g is not None else None,
+                       beta[:, :, t])
+            return state
+        for s in range(0, k.shape[-2], _BLOCK):
+            kb, vb, gb = k[:, :, s:s + _BLOCK], v[:, :, s:s + _BLOCK], g[:, :, s:s + _BLOCK]
+            G = gb.cumsum(dim=2)  # (B, H, r) or (B, H, r, D)
+            total = G[:, :, -1:]  # (B, H, 1) or (B, H, 1, D)
+            w = (total - G).exp_()  # decay from each token to the block's end, <= 1
+            if gb.dim() == 3:  # a scalar per head and token
+                state.S.mul_(total.exp()[..., None])
+                state.S.add_((kb * w[..., None]).transpose(-1, -2) @ vb)
+            else:  # per channel: row d of S decays by channel d's gate
+                state.S.mul_(total.exp().transpose(-1, -2))
+                state.S.add_((kb * w).transpose(-1, -2) @ vb)
+        return state
+
+    def decode_step(self, state, q, k, v, **inputs):
+        dtype = q.dtype
+        q, k, v, g, beta = _cast(self._terms(q, k, v, inputs), state.S.dtype)
+        _write(state.S, k[:, :, 0], v[:, :, 0], None if g is None else g[:, :, 0],
+               None if beta is None else beta[:, :, 0])
+        o = (q[:, :, 0, None, :] @ state.S) * q.shape[-1] ** -0.5  # (B, H, 1, Dv)
+        return o.to(dtype), state
+
+
+def _write(S, k, v, g, beta) -> None:
+    """One token of the recurrence into S (B, H, D, Dv), in place: decay, erase, write.
+    k, v (B, H, D); g (B, H) or (B, H, D) or None; beta (B, H) or None."""
+    if g is not None:
+        a = g.exp()
+        S.mul_(a[..., None, None] if a.dim() == 2 else a[..., :, None])
+    if beta is None:
+        write = v
+    else:
+        write = beta[..., None] * (v - (k[..., None, :] @ S).squeeze(-2))
+    S.add_(k[..., :, None] * write[..., None, :])
