@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_report_of_a_small_real_run(tmp_path, capsys):
     run = [sys.executable, "run_bench.py", "run", "--preset", "quick", "--variants",
            "sdpa,standard", "--seq-lens", "128,256", "--results-dir", str(tmp_path),
-           "--run-id", "tiny", "--pass", "forward", "--min-run-time", "0.01", "--min-repeats", "3",
-           "--inputs", "gaussian"]  # captured inputs have their own test (test_capture.py)
+           "--run-id", "tiny", "--pass", "forward", "--causal", "false", "--min-run-time",
+           "0.01", "--min-repeats", "3", "--inputs", "gaussian"]  # captured inputs have their own test (test_capture.py)
     p = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     folder = tmp_path / "tiny"

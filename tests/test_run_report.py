@@ -13,7 +13,7 @@ from report_synth import synthetic_rows, write_run
 
 # The quick preset cut to two cases that take a second each (no captured inputs).
 TINY = ["run", "--preset", "quick", "--variants", "sdpa,linear", "--seq-lens", "128",
-        "--pass", "forward", "--inputs", "gaussian", "--min-run-time", "0.01",
+        "--pass", "forward", "--causal", "false", "--inputs", "gaussian", "--min-run-time", "0.01",
         "--min-repeats", "3"]
 REPORT = ("report.md", "report.html")
 

@@ -28,6 +28,7 @@ from harness.cluster import sharded
 from harness.cluster import shards
 from harness.measure import matrix as mx
 from harness.measure import runner
+from harness.measure.memory import decode_bytes
 from harness.errors import UsageError
 from harness.measure.store import RunStore, matmul_fp32_gflops
 from harness.measure.worker import import_extra
@@ -40,7 +41,7 @@ _OVERRIDES = {"variants": ("variants", str), "seq_lens": ("seq_lens", int),
 _SCALARS = {"timeout": ("timeout_s", float), "min_run_time": ("min_run_time_s", float),
             "min_repeats": ("min_repeats", int), "threads": ("threads", int),
             "mem_limit_mib": ("mem_limit_mib", int), "err_rows": ("err_rows", int),
-            "rounds": ("rounds", int)}
+            "rounds": ("rounds", int), "decode_tokens": ("decode_tokens", int)}
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
@@ -64,7 +65,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     narrow.add_argument("--seq-lens", dest="seq_lens", help="e.g. 512,1024")
     narrow.add_argument("--device", help="cpu or cuda (comma-separated)")
     narrow.add_argument("--dtype", help="float32,bfloat16,...")
-    narrow.add_argument("--pass", dest="pass_", help="forward and/or forward_backward")
+    narrow.add_argument("--pass", dest="pass_", help="forward, forward_backward and/or "
+                        "decode (time per generated token; needs --causal true)")
     narrow.add_argument("--inputs", help="gaussian,sharp,local,minilm (or a [captures.NAME])")
     narrow.add_argument("--causal", help="true, false or true,false")
     narrow.add_argument("--batch")
@@ -74,6 +76,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     sett.add_argument("--timeout", help="seconds per case before the worker is killed")
     sett.add_argument("--min-run-time", dest="min_run_time", help="timing budget per case, s")
     sett.add_argument("--min-repeats", dest="min_repeats", help="at least this many timings")
+    sett.add_argument("--decode-tokens", dest="decode_tokens",
+                      help="decode cases: tokens generated after each context (default 16)")
     sett.add_argument("--threads", help="torch threads in the worker (0: all cores)")
     sett.add_argument("--mem-limit-mib", dest="mem_limit_mib",
                       help="worker address-space cap above its baseline (0: MemAvailable*0.9)")
@@ -202,6 +206,14 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
           f"({'; '.join(where)})")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
+    decoding = [(c, decode_bytes(c, variants.build(c.variant, **c.param_dict)))
+                for c, why, _ in planned if c.decode and not why]
+    sized = [(c, b) for c, b in decoding if b is not None]
+    if sized:
+        c, b = max(sized, key=lambda cb: cb[1])
+        print(f"  decode: {len(decoding)} cases, the largest state {b / 2**20:,.0f} MiB "
+              f"({c.label()}); the memory guard skips a case whose state exceeds its share "
+              f"of free memory")
     if n_shards > 1:
         cost = {c.case_id: t for c, _, t in planned}
         for i, part in enumerate(shards.split([(c, t) for c, _, t in planned], n_shards)):

@@ -21,6 +21,11 @@ EXACT_PATHS = ("sdpa", "standard")
 # flag (variants' `exact_at`: an exact path, or a window or layout that covers every pair).
 # `state_mib`: memory the variant keeps between calls (a mask, a layout, features), built
 # in its preparation or first call; `peak_mem_mib` is one call's peak above it.
+# `state_size`: elements a causal decoder keeps at this length, B H state_size(N, D)
+# (a KV cache 2 N D per head, a window 2 (w + 1) D, a recurrence D^2). Pass `decode` rows:
+# time_ms is per generated token at context seq_len, decode_tokens the tokens generated,
+# prefill_ms the context's prefill, decode_state_mib the decoding state's bytes at N
+# (state_nbytes); flops and gflops_per_s are empty there.
 # `err_ref`: what rel_err, max_abs_err and row_cos were measured against: `softmax` (float64
 # exact attention) or `recurrence` (the variant's own float64 sequential recurrence: gated
 # recurrences approximate no softmax); a run folder written before the column reads as
@@ -30,7 +35,8 @@ RESULT_COLUMNS = [
     "head_dim", "seq_len", "causal", "pass", "input", "status", "reason", "time_ms",
     "time_ms_iqr", "repeats", "rounds", "time_ms_spread", "peak_mem_mib", "state_mib", "rel_err",
     "max_abs_err", "err_rows",
-    "row_cos", "err_ref", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed"]
+    "row_cos", "err_ref", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed",
+    "state_size", "decode_tokens", "prefill_ms", "decode_state_mib"]
 
 # time_ms_spread: the largest relative difference between two rounds' medians,
 # (max - min) / min; above this the report flags the case (its ratios are that uncertain).

@@ -69,3 +69,48 @@ def error(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
                      / torch.linalg.vector_norm(r.flatten(1), dim=1)).tolist()
     return Error(rel, float(diff.abs().max()), N if rows is None else len(rows),
                  float(cos.mean()), per_layer)
+
+
+
+class DecodeReference:
+    """Float64 exact causal attention for T generated tokens, fed the context chunk by
+    chunk as it is drawn (an online softmax): only T query rows and one chunk are alive,
+    whatever the context's length. Token t (queries q[:, :, t]) sees every context key and
+    the new keys k[:, :, :t + 1]."""
+
+    def __init__(self, q: torch.Tensor):
+        self.q64 = q.detach().double() * q.shape[-1] ** -0.5  # (B, H, T, D)
+        B, H, T, D = q.shape
+        self.top = self.q64.new_full((B, H, T, 1), float("-inf"))
+        self.den = self.q64.new_zeros(B, H, T, 1)
+        self.num = self.q64.new_zeros(B, H, T, D)
+
+    def add(self, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None):
+        """Keys and values (B, H, r, D) every new token sees (`allowed` (T, r): which)."""
+        if k.shape[-2] == 0:
+            return
+        s = self.q64 @ k.detach().double().transpose(-1, -2)  # (B, H, T, r) scores
+        if allowed is not None:
+            s = s.masked_fill(~allowed, float("-inf"))
+        top = torch.maximum(self.top, s.amax(dim=-1, keepdim=True))
+        scale = (self.top - top).exp()
+        p = (s - top).exp()
+        self.den = self.den * scale + p.sum(dim=-1, keepdim=True)
+        self.num = self.num * scale + p @ v.detach().double()
+        self.top = top
+
+    def finish(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Add the T new tokens' own keys and values, causally; the (B, H, T, D) reference."""
+        T = k.shape[-2]
+        t = torch.arange(T, device=k.device)
+        self.add(k, v, allowed=t[None, :] <= t[:, None])
+        return self.num / self.den
+
+
+def decode_error(o: torch.Tensor, ref: torch.Tensor) -> Error:
+    """Error of T generated tokens' outputs o (B, H, T, D) against their reference."""
+    got = o.detach().double()
+    diff = got - ref
+    rel = float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(ref))
+    cos = torch.nn.functional.cosine_similarity(got, ref, dim=-1)
+    return Error(rel, float(diff.abs().max()), o.shape[-2], float(cos.mean()))

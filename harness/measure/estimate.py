@@ -9,6 +9,11 @@ GPU_ASSUMED_GFLOPS for CUDA cases (estimated even where CUDA is absent: the plan
 run made on a laptop or a login node). Variants that compile add COMPILE_ASSUMED_S (both
 workers) for each new (variant, device, dtype, pass). The memory guard's extrapolated
 refusals need measured peaks, so they are not known here.
+
+A decode case is bound by drawing its context and reading its state, not by FLOPs: two
+draws of the context (the memory worker's prefill and the time worker's) at
+DRAW_FLOATS_PER_S, then the warm-up and timed repeats of T steps, each reading the state
+(`memory.decode_bytes`) at READ_ASSUMED_GBPS.
 """
 
 from __future__ import annotations
@@ -23,6 +28,19 @@ SKIPPED_S = 0.01  # a declared skip writes one row and measures nothing
 # smaller figure. Both unmeasured on a GPU here.
 GPU_ASSUMED_GFLOPS = 100_000
 COMPILE_ASSUMED_S = (20.0, 5.0)
+# torch.randn with a generator, float32 on this 2-core CPU: 5.4e7 numbers/s (measured on a
+# loaded machine; single-threaded); and a read rate below the 25 GB/s a sum reaches here.
+DRAW_FLOATS_PER_S = 5e7
+READ_ASSUMED_GBPS = 10.0
+
+
+def decode_seconds(case: Case, state_bytes: int | None) -> float:
+    """Predicted wall time of one decode case."""
+    draw = 2 * 3 * case.batch * case.heads * case.seq_len * case.head_dim / DRAW_FLOATS_PER_S
+    step = (state_bytes or 0) / (READ_ASSUMED_GBPS * 1e9) + 1e-4  # + a step's overheads
+    run = case.decode_tokens * step
+    timed = max(case.min_repeats, case.min_run_time_s / max(run, 1e-9) + 1)
+    return min(0.5 + draw + run * (2 + timed), case.timeout_s)
 
 
 def case_seconds(case: Case, flops: float, rate_flops_per_s: float,
@@ -63,6 +81,11 @@ def plan_cases(cases: list[Case], cpu_rate_flops_per_s: float
         if module.compiles and kernel not in compiled:
             compiled.add(kernel)
             compile_s = sum(COMPILE_ASSUMED_S)
+        if case.decode:
+            from harness.measure.memory import decode_bytes
+
+            out.append((case, why, decode_seconds(case, decode_bytes(case, module))))
+            continue
         flops = runner.case_row(case, module)["flops"]
         out.append((case, why, case_seconds(case, flops, rates[case.device], compile_s)))
     return out

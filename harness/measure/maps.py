@@ -106,9 +106,11 @@ def compute(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         if why:
             records.append({**rec, "status": "skipped", "reason": "; ".join(why)})
             continue
+        # Inputs beyond q, k, v (a recurrence's gates): drawn as the benchmark draws them.
+        inputs = m.draw_inputs(*q.shape, seed=0, dtype=q.dtype, device=q.device)
         with torch.no_grad():
-            w = m.weights(q, k, causal)[0, 0].double()  # (N, N)
-            o = m(q, k, v, causal=causal)
+            w = m.weights(q, k, causal, **inputs)[0, 0].double()  # (N, N)
+            o = m(q, k, v, causal=causal, **inputs)
         err = accuracy.error(o, q, k, v, causal, max_rows=q.shape[-2])
         i = sum(r["status"] == "ok" for r in records)
         arrays[f"map_{i}"], arrays[f"diff_{i}"] = _pooled(w), _pooled((w - exact).abs())

@@ -15,8 +15,9 @@ product and the union (first occurrence of each case id wins) is the run. Withou
     dtypes = ["float32"]        # float32, float64, float16, bfloat16
     devices = ["cpu"]           # cpu, cuda
     inputs = ["gaussian"]       # harness.measure.inputs.DISTRIBUTIONS, "minilm", or a [captures.NAME]
-    passes = ["forward", "forward_backward"]
-    causal = [false]
+    passes = ["forward", "forward_backward"]   # or "decode": time per generated token
+    causal = [false]            # a decode case must be causal
+    decode_tokens = 16          # decode: tokens generated (and timed) after each context
     seed = 0                    # inputs and variant state
     min_run_time_s = 0.2        # torch.utils.benchmark blocked_autorange budget per case
     min_repeats = 5             # at least this many timed measurements
@@ -64,7 +65,7 @@ from harness.measure.inputs import DISTRIBUTIONS
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
-PASSES = ("forward", "forward_backward")
+PASSES = ("forward", "forward_backward", "decode")
 
 # key -> (default, kind); kind "list" keys accept a scalar and become one-element lists.
 _KEYS: dict[str, tuple[object, str]] = {
@@ -76,7 +77,7 @@ _KEYS: dict[str, tuple[object, str]] = {
     "seed": (0, "int"), "min_run_time_s": (0.2, "float"), "min_repeats": (5, "int"),
     "rounds": (1, "int"),
     "timeout_s": (120.0, "float"), "threads": (0, "int"), "err_rows": (1024, "int"),
-    "mem_limit_mib": (0, "int"),
+    "mem_limit_mib": (0, "int"), "decode_tokens": (16, "int"),
 }
 _ALLOWED = {"dtypes": DTYPES, "devices": DEVICES, "inputs": DISTRIBUTIONS, "passes": PASSES}
 # Keys that make a case: its id is the hash of these. Run settings (time budget, threads,
@@ -107,12 +108,19 @@ class Case:
     mem_limit_mib: int
     capture: str = ""  # a declared captured input: JSON {"model", "text"} paths (harness.models.capture)
     rounds: int = 1  # timing rounds spread over the run (a run setting, not in the case id)
+    decode_tokens: int = 16  # a decode case: tokens generated after its context of seq_len
+
+    @property
+    def decode(self) -> bool:
+        return self.pass_ == "decode"
 
     @property
     def case_id(self) -> str:
         key = {f: getattr(self, f) for f in KEY_FIELDS}
         if self.capture:  # a user's source is its paths, not only its name
             key["capture"] = self.capture
+        if self.decode:  # what a decode case measures; other cases' ids stay as they were
+            key["decode_tokens"] = self.decode_tokens
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -182,6 +190,9 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
     for i, g in enumerate(groups):
         g = {**{k: d for k, (d, _) in _KEYS.items()}, **g, **ov}
         g["variants"] = _resolve_variants(g["variants"], g["params"], f"groups[{i}]", errors)
+        if "decode" in g["passes"] and False in g["causal"]:
+            errors.append(f"groups[{i}]: passes = [\"decode\"] generates tokens causally: it "
+                          "needs causal = [true] (put decode in a group of its own)")
         full.append(g)
     if narrow is not None:
         narrow_variants(full, narrow, errors)
@@ -220,8 +231,8 @@ def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTION
             if not ok or value < 0:
                 errors.append(f"{where}: {key!r} must be a non-negative {kind}, got {value!r}")
                 continue
-            if key == "rounds" and value < 1:
-                errors.append(f"{where}: 'rounds' must be at least 1, got {value!r}")
+            if key in ("rounds", "decode_tokens") and value < 1:
+                errors.append(f"{where}: {key!r} must be at least 1, got {value!r}")
                 continue
         elif kind == "params" and not isinstance(value, dict):
             errors.append(f"{where}: 'params' must be a table name -> list of settings")
@@ -302,7 +313,7 @@ def expand(matrix: dict) -> list[Case]:
             c = Case(name, params, device, dtype, B, H, D, N, causal, pass_, dist, g["seed"],
                      float(g["min_run_time_s"]), g["min_repeats"], float(g["timeout_s"]),
                      g["threads"] or os.cpu_count() or 1, g["err_rows"], g["mem_limit_mib"], src,
-                     g["rounds"])
+                     g["rounds"], g["decode_tokens"])
             cases.setdefault(c.case_id, c)
     return list(cases.values())
 

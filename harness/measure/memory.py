@@ -123,6 +123,18 @@ def is_oom_message(text: str) -> bool:
                                 "memoryerror", "can't allocate memory", "cannot allocate memory"))
 
 
+def decode_bytes(case, module) -> int | None:
+    """A decode case's bytes: the state at its final length (B H state_size(N + T, D)
+    elements), the context chunk being drawn, and the new tokens; None where the variant
+    does not state its state size."""
+    per_head = module.state_size(case.seq_len + case.decode_tokens, case.head_dim)
+    if per_head is None:
+        return None
+    size = torch.finfo(getattr(torch, case.dtype)).bits // 8
+    chunk = 3 * case.batch * case.heads * min(case.seq_len, 8192) * case.head_dim
+    return (case.batch * case.heads * per_head + chunk) * size
+
+
 class MemoryGuard:
     """Predicts a case's peak memory before it runs and refuses one that cannot fit.
 
@@ -144,6 +156,10 @@ class MemoryGuard:
             self.points.setdefault(series, {})[seq_len] = max(peak_mib, 1.0)
 
     def predict_mib(self, case, module=None) -> tuple[float | None, str]:
+        if getattr(case, "decode", False) and module is not None:
+            b = decode_bytes(case, module)
+            if b is not None:
+                return b / MIB, "the decoding state it keeps (state_size)"
         hook = getattr(module, "memory_bytes", None)
         if hook is not None:
             b = hook(case.batch, case.heads, case.seq_len, case.head_dim,

@@ -44,7 +44,8 @@ from harness.measure import timing
 from harness.measure.inputs import DISTRIBUTIONS
 from harness.measure.matrix import Case
 from harness.measure.memory import MALLOC_ENV, MemoryGuard, is_oom_message
-from harness.measure.store import RunStore, environment, matmul_fp32_gflops, matmul_rates, now
+from harness.measure.store import (RunStore, environment, matmul_fp32_gflops, matmul_rates, now,
+                                   read_bandwidth_gbps)
 from harness.measure.worker import RESULT_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
@@ -183,13 +184,18 @@ def case_row(case: Case, module) -> dict:
     flops = module.flops(case.batch, case.heads, case.seq_len, case.head_dim, case.causal)
     if case.backward:
         flops *= 3  # backward counted as twice the forward (two matmuls per forward matmul)
+    if case.decode:
+        flops = None  # the forward's count says nothing of one token's step
+    per_head = module.state_size(case.seq_len, case.head_dim)
     return {"case_id": case.case_id, "variant": case.variant, "family": module.family,
             "params": case.params, "exact": module.exact_at(case.seq_len, case.causal),
             "err_ref": module.err_ref,
             "device": case.device, "dtype": case.dtype,
             "batch": case.batch, "heads": case.heads, "head_dim": case.head_dim,
             "seq_len": case.seq_len, "causal": case.causal, "pass": case.pass_,
-            "input": case.input, "flops": flops, "seed": case.seed, "threads": case.threads}
+            "input": case.input, "flops": flops, "seed": case.seed, "threads": case.threads,
+            "state_size": None if per_head is None else case.batch * case.heads * per_head,
+            "decode_tokens": case.decode_tokens if case.decode else None}
 
 
 def skip_reasons(case: Case, module) -> list[str]:
@@ -200,6 +206,11 @@ def skip_reasons(case: Case, module) -> list[str]:
     reasons += module.unsupported_reasons(device=case.device, dtype=getattr(torch, case.dtype),
                                           causal=case.causal, seq_len=case.seq_len,
                                           head_dim=case.head_dim, backward=case.backward)
+    if case.decode and module.supports_causal:  # (a non-causal one's reason is above)
+        reasons += module.decode_reasons()
+        if case.input not in DISTRIBUTIONS:
+            reasons.append(f"decode draws its context from a synthetic distribution, chunk by "
+                           f"chunk; {case.input} is a captured input")
     if module.inputs and case.input not in DISTRIBUTIONS:  # nothing to draw them from
         reasons.append(f"{case.input} is a captured input without "
                        f"{', '.join(s.name for s in module.inputs)} ({case.variant}'s "
@@ -233,6 +244,8 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     meta.setdefault("busy", []).append(busy_sample(0))
     if "matmul_fp32_gflops" not in meta:  # once per run, not per resumed session
         meta["matmul_fp32_gflops"] = matmul_fp32_gflops(threads)
+    if any(c.decode for c in cases) and "read_bandwidth_gbps" not in meta:
+        meta["read_bandwidth_gbps"] = read_bandwidth_gbps(threads)  # decode's bound
     # The rate each (device, dtype) of the run is set against: its own matmul, measured at
     # the start, before each later round and at the end (the machine's speed drifts
     # between minutes); `matmul_gflops` is the median of those samples.
@@ -329,7 +342,7 @@ def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
                     if bar is not None:
                         bar.update(1)
                     continue
-                if row.get("time_ms"):
+                if row.get("time_ms") and row.get("flops") is not None:
                     row["gflops_per_s"] = row["flops"] / (row["time_ms"] * 1e6)
                 store.append(row)
                 done.add(case.case_id)

@@ -150,6 +150,27 @@ def matmul_fp32_gflops(threads: int, n: int = 2048) -> float:
     return matmul_gflops("cpu", "float32", threads, n)
 
 
+def read_bandwidth_gbps(threads: int, nbytes: int = 2**30) -> float:
+    """This machine's read rate (GB/s, 1e9 bytes): the bytes of a float32 tensor of
+    `nbytes` over the median time of its sum (each byte read once), on CPU. A decode step
+    reads its whole state: this is the bound its time per token is set against."""
+    import statistics
+    import time
+
+    import torch
+
+    torch.set_num_threads(threads)
+    x = torch.ones(nbytes // 4)
+    x.sum()  # first touch and warm-up
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - start)
+    del x
+    return nbytes / statistics.median(times) / 1e9
+
+
 def matmul_rates(cases, threads: int, known: dict | None = None,
                  min_run_time: float = 0.5) -> dict[str, float]:
     """"device dtype" -> matmul GFLOP/s for every (device, dtype) of the cases not in

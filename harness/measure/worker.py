@@ -40,6 +40,7 @@ import torch
 
 import variants
 from harness.measure import accuracy
+from harness.measure import decode
 from harness.models import capture
 from harness.measure import memory
 from harness.measure import timing
@@ -83,6 +84,14 @@ def run_case(case: Case, part: str) -> dict:
     common = {"threads": torch.get_num_threads()}
     try:
         module = variants.build(case.variant, **case.param_dict).to(device)
+        if case.decode:  # its context is drawn chunk by chunk into the state (decode.py)
+            if device.type == "cpu":
+                memory.cap_address_space(case.mem_limit_mib)
+            try:
+                return {**common, **decode.measure(case, module, device, part)}
+            finally:
+                if device.type == "cpu":
+                    memory.lift_address_space_cap()
         if case.input in DISTRIBUTIONS:
             q, k, v = make_inputs(case.input, case.batch, case.heads, case.seq_len,
                                   case.head_dim, dtype=dtype, device=device, seed=case.seed)

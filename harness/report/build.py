@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.report import generation
 from harness.report import plots
 from harness.report import captured as RC
 from harness.report import maps as report_maps
@@ -110,6 +111,9 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
     df = RC.captured_first(df)
     labels = short_labels(zip(df["variant"], df["params"]))  # only what varies, per variant
     df["label"] = [labels[(v, p)] for v, p in zip(df["variant"], df["params"])]
+    df, dec = generation.split(df)  # decode rows: the Generation section alone reads them
+    if df.empty:
+        return _decode_only_blocks(dec, meta, run_dir)
     captured = df["input"].isin(RC.captured_inputs(df))
     views = [v for v in (_with_lines(_primary(df[captured])), _with_lines(_primary(df[~captured])))
              if not v.empty]
@@ -124,6 +128,7 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
               "(rel_err) and row_cos the mean cosine of o's rows to o_ref's.")]
     blocks += report_maps.maps_blocks(run_dir)
     _answers(df, view, blocks)
+    blocks += generation.answers_lines(dec)
     blocks += rounds_blocks(df, meta)
 
     tables = RC.layer_tables(df)
@@ -150,6 +155,7 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
         if not table.empty:
             blocks += [("h", 3, setting), ("table", table)]
 
+    blocks += generation.generation_blocks(dec, meta, run_dir)
     blocks += implementations_blocks(df)
 
     blocks += [("h", 2, "Time, memory and error by length"),
@@ -213,6 +219,27 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
         blocks.append(("img", plots.gflops_plot(ok, rates.get(key), run_dir / "plots" / "gflops.png",
                                                 f"{key} matmul"), "achieved GFLOP/s"))
 
+    blocks += _closing_blocks(pd.concat([df, dec], ignore_index=True), meta)
+    return blocks
+
+
+def _decode_only_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
+    """A run of decode cases alone: its Generation section and the closing sections."""
+    counts = dec["status"].value_counts()
+    blocks: list[tuple] = [
+        ("h", 1, f"attnbench report: {run_dir.name}"),
+        ("p", f"{len(dec)} decode cases, contexts "
+              f"{', '.join(str(n) for n in sorted(dec['seq_len'].unique()))}. Status: "
+              + ", ".join(f"{s} {n}" for s, n in counts.items()) + "."),
+        ("h", 2, "Answers")]
+    blocks += generation.answers_lines(dec)
+    blocks += generation.generation_blocks(dec, meta, run_dir)
+    return blocks + _closing_blocks(dec, meta)
+
+
+def _closing_blocks(df: pd.DataFrame, meta: dict) -> list[tuple]:
+    """Cases not measured, the variant settings and the environment."""
+    blocks: list[tuple] = []
     status = T.status_table(df)
     blocks += [("h", 2, "Cases not measured"),
                ("p", "Every skipped, oom, timeout, error and nonfinite case, with its reason."
