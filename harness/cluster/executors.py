@@ -62,7 +62,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-wait", dest="no_wait", action="store_true",
                    help="submit, print the job ids and the command that waits and merges, exit")
     g.add_argument("--max-retries", dest="max_retries", default=None,
-                   help="new jobs for a case whose job ended while measuring it, before it "
+                   help="new jobs for a case (a training configuration) whose job ended "
+                        "while on it, before it "
                         "becomes an error row (default 2)")
     for key, (typ, _) in _FLAGS.items():
         g.add_argument("--" + key.replace("_", "-"), dest=key, default=None,
