@@ -90,7 +90,8 @@ def test_scored_positions_only_and_a_tied_head():
 
 def test_state_size_grows_with_n_only_for_a_full_cache():
     """Based's axis: exact attention keeps every key and value, a window only its own, a
-    linear map a fixed state; a non-causal-only map has no decoder state to report."""
+    linear map a fixed state; a non-causal map what a new query would need (Linformer's
+    projected keys and values, Nystrom's landmarks and their product with the values)."""
     D = 16
     exact, window = variants.build("sdpa"), variants.build("sliding_window", window=8)
     linear, perf = variants.build("linear"), variants.build("performer", num_features=32)
@@ -99,8 +100,10 @@ def test_state_size_grows_with_n_only_for_a_full_cache():
     assert window.state_size(4, D) == 2 * 4 * D  # shorter than the window: what is there
     assert linear.state_size(64, D) == linear.state_size(8192, D) == D * D + D
     assert perf.state_size(64, D) == 32 * D + 32
-    assert variants.build("linformer").state_size(64, D) is None
-    assert variants.build("nystrom").state_size(64, D) is None
+    assert variants.build("linformer").state_size(64, D) == 2 * 64 * D  # E K, F V; k <= N
+    assert variants.build("linformer").state_size(4096, D) == 2 * 256 * D
+    assert variants.build("nystrom").state_size(64, D) == 2 * 64 * D  # landmarks, A^+ S V
+    assert variants.build("gated_deltanet").state_size(8192, D) == D * D
 
 
 

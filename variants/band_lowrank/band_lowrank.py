@@ -176,6 +176,11 @@ class Scatterbrain(Variant):
         weights = torch.exp(s - shift) + torch.exp(lq + g - shift) * a
         return (weights / weights.sum(dim=-1, keepdim=True)).to(q.dtype)
 
+    def state_size(self, N, D):
+        # The band's keys and values, and the far field's feature sums (m x D and m).
+        m = self.params.num_features
+        return 2 * min(self.params.window + 1, N) * D + m * (D + 1)
+
     def flops(self, B, H, N, D, causal=False):
         """Band as sliding_window counts it (4 c L D per chunk); features x w^T for q and k
         (2 x 2 N D m); the far field's chunked sums with D + 1 columns, one direction
@@ -285,6 +290,11 @@ class LongShort(Variant):
         sizes = (last - first + 1).to(torch.float64)
         mean = ((j[None, :] >= first[:, None]) & (j[None, :] <= last[:, None])) / sizes[:, None]
         return p[..., :N] + p[..., N:] @ mean.to(q.device, q.dtype)
+
+    def state_size(self, N, D):
+        # The band's keys and values, and a key and value summary per segment (a fixed
+        # count over the sequence: the summaries depend on its final length).
+        return 2 * min(self.params.window + 1, N) * D + 2 * min(self.params.segment, N) * D
 
     def flops(self, B, H, N, D, causal=False):
         """Band as sliding_window counts it (4 c L D per chunk); scores and values of the r

@@ -241,6 +241,9 @@ class SlidingWindowFlex(_Flex):
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
 
+    def state_size(self, N, D):
+        return 2 * min(self.params.window + 1, N) * D  # as sliding_window's window cache
+
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
         return window_covers(self.params.window, seq_len)
 

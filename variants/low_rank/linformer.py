@@ -280,6 +280,10 @@ class Linformer(Variant):
         mean = (seg[None, :] == torch.arange(len(sizes))[:, None]) / sizes[:, None]  # (k, N)
         return torch.softmax(scores, dim=-1) @ mean.to(q.device, q.dtype)
 
+    def state_size(self, N, D):
+        k = min(self.params.k, N)
+        return 2 * k * D  # E K and F V (k x D each)
+
     def flops(self, B, H, N, D, causal=False):
         kk = self.params.k
         if self.params.projection == "gaussian":

@@ -123,6 +123,10 @@ class Nystrom(Variant):
         f, a_pinv, b = self.factors(q, k)
         return f @ (a_pinv @ b.to(a_pinv.dtype)).to(q.dtype)  # (B, H, N, N)
 
+    def state_size(self, N, D):
+        # A new query needs the landmark keys (m x D) and A^+ softmax(q~ K^T) V (m x D).
+        return 2 * min(self.params.num_landmarks, N) * D
+
     def flops(self, B, H, N, D, causal=False):
         m, it = self.params.num_landmarks, self.params.pinv_iterations
         landmarks = 2 * N * D  # segment sums of q and k: one add per element

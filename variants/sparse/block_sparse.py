@@ -231,5 +231,8 @@ class SameLayout:
     def key_mask(self, seq_len: int) -> KeyMask:
         return self._pattern.key_mask(seq_len)
 
+    def state_size(self, N, D):
+        return self._pattern.state_size(N, D)
+
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
         return self._pattern.exact_at(seq_len, causal)
