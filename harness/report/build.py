@@ -50,7 +50,7 @@ def _with_lines(df: pd.DataFrame) -> pd.DataFrame:
 
 def _primary(df: pd.DataFrame) -> pd.DataFrame:
     """One shape/pass slice for the Pareto and GFLOP/s views: forward, non-causal, most rows."""
-    ok = T.ok_rows(df)
+    ok = T.against_softmax(T.ok_rows(df))  # error axes: never two references in one view
     if ok.empty:
         return ok
     if (ok["pass"] == "forward").any():
@@ -88,7 +88,7 @@ def _answers(df, view, blocks):
                        "otherwise the row says \"no faster approximate path\"."
                      + (" This run predates the `exact` column: only the exact family counts "
                         "as exact here." if df["exact"].isna().all() else "")),
-               ("table", T.fastest_accurate(df, _varying(df)))]
+               ("table", T.fastest_accurate(T.against_softmax(df), _varying(df)))]
     if column == "row_cos":
         blocks.append(("p", RC.WHY_CRITERION))
     if view.empty:
@@ -128,10 +128,12 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
               "(rel_err) and row_cos the mean cosine of o's rows to o_ref's.")]
     blocks += report_maps.maps_blocks(run_dir)
     _answers(df, view, blocks)
+    if not T.against_own(df).empty:
+        blocks.append(("p", T.OWN_REFERENCE))
     blocks += generation.answers_lines(dec)
     blocks += rounds_blocks(df, meta)
 
-    tables = RC.layer_tables(df)
+    tables = RC.layer_tables(T.against_softmax(df))
     blocks += [("h", 2, "Error per layer on captured inputs"),
                ("p", "rel_err of each variant on each model layer's own q, k, v (layers "
                      "differ: attention sharpens or spreads with depth), then over all "
@@ -170,11 +172,15 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
         if (T.ok_rows(g)["state_mib"] > 0.5).any():  # a variant keeps a mask or features
             blocks += [("p", "state_mib (kept between calls, beside each call's peak)"),
                        ("table", T.metric_pivot(g, "state_mib"))]
-        blocks += [
-                   ("p", "rel_err"), ("table", T.metric_pivot(g, "rel_err", T.fmt_err))]
-        if "row_cos" in g.columns and g["row_cos"].notna().any():
-            blocks += [("p", "row_cos"),
-                       ("table", T.metric_pivot(g, "row_cos", lambda x: f"{x:.4f}"))]
+        for rows, ref in ((T.against_softmax(g), "float64 exact attention"),
+                          (T.against_own(g), "each variant's own float64 recurrence")):
+            if rows.empty:
+                continue
+            blocks += [("p", f"rel_err against {ref}"),
+                       ("table", T.metric_pivot(rows, "rel_err", T.fmt_err))]
+            if "row_cos" in rows.columns and rows["row_cos"].notna().any():
+                blocks += [("p", f"row_cos against {ref}"),
+                           ("table", T.metric_pivot(rows, "row_cos", lambda x: f"{x:.4f}"))]
 
     ok = _with_lines(T.ok_rows(df))
     blocks.append(("h", 2, "Scaling plots"))
@@ -185,9 +191,17 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
                 ("peak_mem_mib", "peak memory of a call (MiB);\n× dotted: state kept", None,
                  "memory"),
                 ("rel_err", "relative error", None, "error")):
-            path = plots.scaling_plot(ok, metric, ylabel, pdir / f"{name}_vs_length.png", band,
+            rows = T.against_softmax(ok) if metric == "rel_err" else ok
+            if rows.empty:
+                continue
+            path = plots.scaling_plot(rows, metric, ylabel, pdir / f"{name}_vs_length.png", band,
                                       also="state_mib" if metric == "peak_mem_mib" else None)
             blocks.append(("img", path, f"{name} against sequence length"))
+        own = T.against_own(ok)
+        if not own.empty:  # a plot of its own: another reference, never on the same axes
+            path = plots.scaling_plot(own, "rel_err", "relative error against\nits own float64 "
+                                      "recurrence", pdir / "error_recurrence_vs_length.png")
+            blocks.append(("img", path, "error against its own recurrence, by length"))
 
     blocks.append(("h", 2, "Pareto front: error against time"))
     for v in views:  # captured inputs first

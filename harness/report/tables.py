@@ -55,6 +55,24 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"]
 
 
+# Rows whose error columns are measured against their own float64 recurrence (err_ref)
+# never share a table, a plot or an answer with rows measured against softmax.
+OWN_REFERENCE = ("Gated linear recurrences (family recurrent) approximate no softmax: their "
+                 "rel_err and row_cos are against their own float64 sequential recurrence "
+                 "(err_ref = recurrence), so they are left out of the answers and of the "
+                 "error tables and plots against exact attention, and have their own below.")
+
+
+def against_softmax(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose error is against exact softmax attention (err_ref = softmax)."""
+    return df[df["err_ref"] == "softmax"] if "err_ref" in df.columns else df
+
+
+def against_own(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose error is against the variant's own float64 form (a recurrence)."""
+    return df[df["err_ref"] != "softmax"] if "err_ref" in df.columns else df.iloc[:0]
+
+
 def metric_pivot(group: pd.DataFrame, metric: str, fmt=fmt_num) -> pd.DataFrame:
     """label x seq_len cells: the metric where ok, the status (oom, skipped, ...) where not."""
     cells = [fmt(v) if s == "ok" else s for v, s in zip(group[metric], group["status"])]
