@@ -17,9 +17,10 @@ B, H, D, T = 2, 3, 8, 6
 SETTINGS = {
     "sliding_window": {"window": 4},
     "performer": {"num_features": 16},
+    "block_sparse": {"block_size": 4, "window_blocks": 1, "global_blocks": 1, "random_blocks": 2},
 }
 # Boundaries of each variant's own blocking, so that prefill lengths straddle them.
-BOUNDARIES = {"sliding_window": [5], "linear": [64], "performer": [128], "retention": [64],
+BOUNDARIES = {"sliding_window": [5], "block_sparse": [4, 12], "linear": [64], "performer": [128], "retention": [64],
               "gla": [64], "mamba2": [64], "deltanet": [64], "gated_deltanet": [64]}
 
 
@@ -70,7 +71,8 @@ def _rel(a, b):
 
 def test_what_decodes_and_what_says_why_not():
     decoders = set(_decoders(runnable=False))
-    assert {"standard", "sdpa", "sliding_window", "linear", "performer", "retention", "gla",
+    assert {"standard", "sdpa", "sliding_window", "block_sparse", "linear", "performer",
+            "retention", "gla",
             "mamba2", "deltanet", "gated_deltanet"} <= decoders
     for name in variants.names():
         m = variants.build(name, **SETTINGS.get(name, {}))

@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from ..core import KeyMask, Variant, param, register
+from ..core import KVCache, KeyMask, Variant, naive_attention, param, register
 from .block_rows import block_rows_attention
 
 # Plans a module keeps (per length, causal, device and B H); a causal plan holds ~N * 8
@@ -131,6 +131,31 @@ class BlockSparse(Variant):
 
     def state_size(self, N, D):
         return 2 * N * D  # random and global blocks reach any past key: the whole cache
+
+    def decode_prefill(self, k, v, max_len):
+        # The layout is the one of the whole sequence's length (its random blocks are
+        # drawn for it); the new row attends to its row block's key blocks, j <= i.
+        state = KVCache.prefill(k, v, max_len)
+        # Not state: the layout (the module's, for this length) and each row block's keys.
+        state.layout, state.keys_of = self._layout(max_len).to(k.device), {}
+        return state
+
+    def decode_extend(self, state, k, v):
+        state.extend(k, v)
+        return state
+
+    def decode_step(self, state, q, k, v):
+        i = state.n
+        state.append(k, v)
+        b = self.params.block_size
+        r = i // b
+        if r not in state.keys_of:  # the keys of the row block's layout, in order
+            blocks = state.layout[r].nonzero().flatten()  # (nnz,)
+            idx = (blocks[:, None] * b + torch.arange(b, device=k.device)).flatten()
+            state.keys_of[r] = idx[idx < state.k.shape[-2]]
+        idx = state.keys_of[r]
+        idx = idx[: int(torch.searchsorted(idx, i, right=True))]  # j <= i
+        return naive_attention(q, state.k[:, :, idx], state.v[:, :, idx]), state
 
     def flops(self, B, H, N, D, causal=False):
         """4 b^2 D per nonzero block of the layout (causal: blocks with j <= i) and head.
