@@ -151,3 +151,21 @@ def test_the_draws_follow_the_papers_layers():
     wide = dataclasses.replace(beta, sample=lambda gen, B, H, N, D: torch.full((B, H, N), 0.999))
     b = wide.draw(1, 1, 10, 8, seed=0, dtype=torch.bfloat16)
     assert bool((b < 1).all()) and bool((b > 0.99).all())  # ... and the draw stays inside
+
+
+@pytest.mark.parametrize("pass_", ["forward", "forward_backward"])
+def test_the_worker_draws_the_inputs_and_measures_against_the_recurrence(pass_):
+    """A benchmark case: the worker draws g and beta from the case's seed and the error is
+    the chunked float32 output's against the float64 recurrence (rounding-sized), where
+    against softmax it would be of order one."""
+    import json
+
+    from harness.measure.matrix import Case
+    from harness.measure.runner import case_row
+    from harness.measure.worker import run_case
+    case = Case("gated_deltanet", json.dumps({"chunk": 64}), "cpu", "float32", 1, 2, 16, 200,
+                True, pass_, "gaussian", 0, 0.01, 2, 60.0, 1, 64, 0)
+    out = run_case(case, "time")
+    assert out["status"] == "ok", out
+    assert out["rel_err"] < 1e-5 and out["row_cos"] > 0.99999
+    assert case_row(case, variants.build("gated_deltanet"))["err_ref"] == "recurrence"
