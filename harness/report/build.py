@@ -130,7 +130,7 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
     _answers(df, view, blocks)
     if not T.against_own(df).empty:
         blocks.append(("p", T.OWN_REFERENCE))
-    blocks += generation.answers_lines(dec)
+    blocks += generation.answers_lines(dec, report_trained.load(run_dir))
     blocks += rounds_blocks(df, meta)
 
     tables = RC.layer_tables(T.against_softmax(df))
@@ -246,7 +246,7 @@ def _decode_only_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tu
               f"{', '.join(str(n) for n in sorted(dec['seq_len'].unique()))}. Status: "
               + ", ".join(f"{s} {n}" for s, n in counts.items()) + "."),
         ("h", 2, "Answers")]
-    blocks += generation.answers_lines(dec)
+    blocks += generation.answers_lines(dec, report_trained.load(run_dir))
     blocks += generation.generation_blocks(dec, meta, run_dir)
     return blocks + _closing_blocks(dec, meta)
 
