@@ -38,6 +38,7 @@ FAMILIES = {
     "band_lowrank": {"core", "sliding_window", "linear", "low_rank"},
     "recurrent": {"core"},
     "library": {"core", "exact", "sliding_window", "sparse"},
+    "routed": {"core"},
 }
 
 

@@ -59,6 +59,16 @@ CLAIMS = [
     ("longshort", {"window": 5, "segment": N}, N, False, True),  # one token per segment
     ("longshort", {"window": 5, "segment": N}, N, True, True),
     ("longshort", {"window": 5, "segment": N - 1}, N, True, False),
+    # issue 28: a budget of every block, page or key; one short of it is not exact
+    ("moba", {"block_size": 64, "top_k": 5}, N, False, True),  # 5 blocks, the last of 44
+    ("moba", {"block_size": 64, "top_k": 5}, N, True, True),
+    ("moba", {"block_size": 64, "top_k": 4}, N, False, False),
+    ("moba", {"block_size": 64, "top_k": 4}, N, True, False),  # the last block's queries
+    ("quest", {"page_size": 16, "top_k": 19}, N, True, True),
+    ("quest", {"page_size": 16, "top_k": 18}, N, False, False),
+    ("topk", {"top_k": N}, N, False, True),
+    ("topk", {"top_k": N}, N, True, True),
+    ("topk", {"top_k": N - 1}, N, True, False),
 ]
 
 

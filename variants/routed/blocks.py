@@ -1,0 +1,89 @@
+"""What `moba` and `quest` share: a query attends, exactly, to the keys of the `top_k` key
+blocks its gate scores best (causal: its own block always, counted among them, and
+earlier blocks only). The subclasses say what a block's gate score is.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from ..core import Variant, softmax_scale
+from .routed_rows import routed_block_attention
+from .routing import block_count, selected_keys, top_blocks
+
+
+class BlockRouted(Variant):
+    """Exact softmax over the keys of each query's top_k gated blocks; see the subclasses."""
+    family = "routed"
+    # The parameter holding the block length (`block_size`, Quest's `page_size`).
+    block_param: ClassVar[str] = "block_size"
+    # Gate FLOPs per (query, block, channel): 2 for one dot product.
+    gate_flops: ClassVar[int] = 2
+
+    @property
+    def block(self) -> int:
+        return getattr(self.params, self.block_param)
+
+    def gate(self, k: torch.Tensor):
+        """A function of a query chunk (B, H, c, D) -> its blocks' scores (B, H, c, nb)."""
+        raise NotImplementedError
+
+    def select(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """The blocks each query reads, (B, H, N, kk) long, kk = min(top_k, blocks): best
+        gate score first; causal: its own block first and -1 where fewer blocks precede
+        it. Not differentiated."""
+        with torch.no_grad():
+            return top_blocks(self.gate(k.detach()), q.detach(), block_count(q.shape[-2],
+                              self.block), self.block, self.params.top_k, causal)
+
+    def attend(self, q, k, v, causal):
+        if q.shape[-2] == 0:
+            return q.clone()
+        return routed_block_attention(q, k, v, self.select(q, k, causal), self.block, causal)
+
+    def attention_weights(self, q, k, causal):
+        N = q.shape[-2]
+        allowed = selected_keys(self.select(q, k, causal), self.block, N, causal)
+        s = (q * softmax_scale(q.shape[-1])) @ k.transpose(-1, -2)  # (B, H, N, N)
+        return torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        """Every block is read where top_k covers them all (causal: those at or before
+        the query, fewer still)."""
+        return self.params.top_k >= block_count(seq_len, self.block)
+
+    def _blocks_read(self, N: int, causal: bool) -> int:
+        """(query, block) pairs computed: kk per query; causal min(kk, own block + 1)."""
+        b, kk = self.block, min(self.params.top_k, block_count(N, self.block))
+        if not causal:
+            return N * kk
+        full, rest = divmod(N, b)  # full blocks of queries, then a partial one
+        per = [min(kk, j + 1) for j in range(full + (rest > 0))]
+        return sum(p * b for p in per[:full]) + (per[-1] * rest if rest else 0)
+
+    def flops(self, B, H, N, D, causal=False):
+        """4 b D per (query, block) pair read (q k^T and p v, at block granularity: the
+        masked part of a partial or own block counted) plus the gate, gate_flops D per
+        (query, block); the block statistics are not matmuls."""
+        if N == 0:
+            return 0
+        nb = block_count(N, self.block)
+        return B * H * (4 * self._blocks_read(N, causal) * self.block * D
+                        + self.gate_flops * N * nb * D)
+
+    def keys_per_query(self, N: int, causal: bool = False) -> float:
+        """Mean keys a query attends to: causal, min(top_k - 1, blocks before its own) b plus
+        its own block's keys up to it; non-causal min(top_k, nb) b, capped at N (at most
+        that when b does not divide N: the partial block may or may not be chosen)."""
+        b, kk = self.block, min(self.params.top_k, block_count(N, self.block))
+        if not causal:
+            return float(min(kk * b, N))
+        i = torch.arange(N, dtype=torch.float64)
+        own = torch.div(i, b, rounding_mode="floor")
+        return float((torch.clamp(own, max=kk - 1) * b + (i - own * b) + 1).mean())
+
+    def state_size(self, N, D):
+        return 2 * N * D  # any past block may be chosen: the whole cache is kept
+
