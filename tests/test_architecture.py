@@ -37,7 +37,7 @@ FAMILIES = {
     "linear": {"core"},
     "band_lowrank": {"core", "sliding_window", "linear", "low_rank"},
     "recurrent": {"core"},
-    "library": {"core", "exact", "sliding_window", "sparse"},
+    "library": {"core", "exact", "sliding_window", "sparse", "recurrent"},
     "routed": {"core"},
 }
 

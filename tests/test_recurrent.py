@@ -169,3 +169,47 @@ def test_the_worker_draws_the_inputs_and_measures_against_the_recurrence(pass_):
     assert out["status"] == "ok", out
     assert out["rel_err"] < 1e-5 and out["row_cos"] > 0.99999
     assert case_row(case, variants.build("gated_deltanet"))["err_ref"] == "recurrence"
+
+
+FLA = [f"{n}_fla" for n in NAMES]
+
+
+@pytest.mark.parametrize("name", FLA)
+def test_fla_kernels_are_refused_with_the_reason_where_they_cannot_run(name):
+    m = variants.build(name)
+    assert variants.spec(name).family == "recurrent" and m.err_ref == "recurrence"
+    reasons = m.unsupported_reasons(device="cpu", dtype=torch.bfloat16, causal=True,
+                                    seq_len=128, head_dim=16)
+    assert reasons and any("not installed" in r or "CUDA only" in r for r in reasons)
+    q = torch.randn(1, 2, 128, 16).bfloat16()
+    with pytest.raises(ValueError, match=reasons[0].split(":")[0]):
+        m(q, q, q, causal=True, **m.draw_inputs(1, 2, 128, 16, dtype=torch.bfloat16))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("name", FLA)
+def test_fla_kernels_match_our_float64_recurrence(name, backward):
+    """On CUDA: fla's kernel forward (and gradients) against our float64 recurrence, within
+    twice the error of our chunked form in the same dtype plus bfloat16's rounding."""
+    m, ours = variants.build(name), variants.build(name.removesuffix("_fla"))
+    reasons = m.unsupported_reasons(device="cuda", dtype=torch.bfloat16, causal=True,
+                                    seq_len=1000, head_dim=64, backward=backward)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    B, H, N, D = 2, 4, 1000, 64
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, generator=g, dtype=torch.float64) for _ in range(3))
+    ins = m.draw_inputs(B, H, N, D, seed=0, dtype=torch.float64)
+    w = torch.randn(q.shape, generator=g, dtype=torch.float64)
+    on = lambda t: t.cuda()  # noqa: E731
+    ref = _grads(m.reference, q, k, v, ins, torch.float64, w)
+    dev = {n: on(t) for n, t in ins.items()}
+    fla = _grads(lambda *a, **i: m(*a, causal=True, **i), *map(on, (q, k, v)), dev,
+                 torch.bfloat16, on(w))
+    base = _grads(lambda *a, **i: ours(*a, causal=True, **i), *map(on, (q, k, v)), dev,
+                  torch.bfloat16, on(w))
+    for label, a, b, r in list(zip(_labels(ins), fla, base, ref))[:None if backward else 1]:
+        err, e_ours = _rel(a.cpu(), r), _rel(b.cpu(), r)
+        assert err <= 2 * e_ours + 1e-2, (label, err, e_ours)

@@ -7,12 +7,13 @@
 #   bash tools/gpu_check.sh               # results under $OUT (or ./gpu-check) when done
 #
 # Packages the GPU machine lacks travel as wheels in .whl/ (pure Python or ABI-independent,
-# installed offline with --no-deps): submitit (the cluster code imports it lazily) and
-# xformers (the xformers variants; 0.0.35 needs torch >= 2.10). Fetched where pip works
-# (.whl/ is git-ignored, so it travels only when carried):
+# installed offline with --no-deps): submitit (the cluster code imports it lazily),
+# xformers (the xformers variants; 0.0.35 needs torch >= 2.10) and fla-core (the `*_fla`
+# variants: flash-linear-attention's Triton kernels, pure Python; triton comes with CUDA
+# torch). Fetched where pip works (.whl/ is git-ignored, so it travels only when carried):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl submitit==1.5.4 xformers==0.0.35
+#     -d .whl submitit==1.5.4 xformers==0.0.35 fla-core==0.6.0
 # Time: GPU_CHECK_BUDGET_S (default 540) in all; the tests get at most GPU_CHECK_TESTS_S
 # (default 240), the preset what is left. A preset cut short keeps every finished row and
 # the summary says how many of its cases ran.
@@ -39,6 +40,7 @@ import importlib.util, torch
 assert torch.cuda.is_available()
 print(f"gpu_check: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, "
       f"xformers {'present' if importlib.util.find_spec('xformers') else 'absent'}, "
+      f"fla {'present' if importlib.util.find_spec('fla') else 'absent'}, "
       f"triton {'present' if importlib.util.find_spec('triton') else 'absent'}")
 PYEOF
 
