@@ -10,11 +10,12 @@ from typing import ClassVar
 import torch
 
 from ..core import Variant, softmax_scale
+from .decoding import BlockDecoding
 from .routed_rows import routed_block_attention
 from .routing import block_count, selected_keys, top_blocks
 
 
-class BlockRouted(Variant):
+class BlockRouted(BlockDecoding, Variant):
     """Exact softmax over the keys of each query's top_k gated blocks; see the subclasses."""
     family = "routed"
     # The parameter holding the block length (`block_size`, Quest's `page_size`).

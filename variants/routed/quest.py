@@ -36,6 +36,7 @@ class Quest(BlockRouted):
     paper = "https://arxiv.org/abs/2406.10774"
     block_param = "page_size"
     gate_flops = 4  # two products: q+ . max and q- . min
+    block_stat = "bounds"  # a decoder keeps each page's key min and max
 
     def gate(self, k):
         lo, hi = block_bounds(k, self.params.page_size)
