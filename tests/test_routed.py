@@ -229,3 +229,27 @@ def test_budget_and_flops_read_the_parameters():
     f = m.flops(1, 1, 4096, 64)
     assert f == 4 * 4096 * 4 * 64 * 64 + 2 * 4096 * 64 * 64
     assert m.flops(1, 1, 4096, 64, True) < f
+
+
+@pytest.mark.parametrize("name,params", [("sliding_window", {"window": 5}),
+                                         ("block_sparse", {"block_size": 8, "random_blocks": 1}),
+                                         ("sliding_window_sdpa_mask", {"window": 7}),
+                                         ("block_sparse_flex", {"block_size": 4})])
+def test_fixed_patterns_count_the_keys_of_their_mask(name, params):
+    """keys_per_query of a fixed pattern: the mean row count of its dense mask."""
+    m = variants.build(name, **params)
+    for N in (37, 64, 100):
+        for causal in (False, True):
+            want = variants.dense_mask(N, causal, m.key_mask(N)).double().sum(1).mean()
+            assert m.keys_per_query(N, causal) == pytest.approx(float(want), abs=1e-9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_routed_budgets_count_the_keys_their_weights_use(causal):
+    """keys_per_query of the routed variants: the mean nonzero count of their weights' rows
+    (N = 256, where the block sizes divide N)."""
+    for name, params in SETTINGS[:1] + SETTINGS[2:3] + SETTINGS[4:]:
+        m = variants.build(name, **params)
+        q, k, _ = qkv(256)
+        nz = (m.weights(q, k, causal) > 0).double().sum(-1).mean()
+        assert m.keys_per_query(256, causal) == pytest.approx(float(nz), abs=1e-9)

@@ -36,7 +36,11 @@ RESULT_COLUMNS = [
     "time_ms_iqr", "repeats", "rounds", "time_ms_spread", "peak_mem_mib", "state_mib", "rel_err",
     "max_abs_err", "err_rows",
     "row_cos", "err_ref", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed",
-    "state_size", "decode_tokens", "prefill_ms", "decode_state_mib"]
+    "state_size", "decode_tokens", "prefill_ms", "decode_state_mib", "keys_per_query"]
+# keys_per_query: the mean number of keys a query attends to at this length and causal flag
+# (variants' `keys_per_query`: N for exact attention, (N + 1) / 2 causal; a window, a
+# block layout, top-k blocks, pages or keys: theirs), the budget on which sparse patterns,
+# fixed and routed, compare; empty where attention is not over a subset of keys.
 
 # time_ms_spread: the largest relative difference between two rounds' medians,
 # (max - min) / min; above this the report flags the case (its ratios are that uncertain).

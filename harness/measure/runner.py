@@ -195,7 +195,8 @@ def case_row(case: Case, module) -> dict:
             "seq_len": case.seq_len, "causal": case.causal, "pass": case.pass_,
             "input": case.input, "flops": flops, "seed": case.seed, "threads": case.threads,
             "state_size": None if per_head is None else case.batch * case.heads * per_head,
-            "decode_tokens": case.decode_tokens if case.decode else None}
+            "decode_tokens": case.decode_tokens if case.decode else None,
+            "keys_per_query": module.keys_per_query(case.seq_len, case.causal)}
 
 
 def skip_reasons(case: Case, module) -> list[str]:

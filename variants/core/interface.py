@@ -206,6 +206,15 @@ class Variant(torch.nn.Module):
         does not say (it cannot decode causally, or nobody wrote it down)."""
         return None
 
+    def keys_per_query(self, N: int, causal: bool = False) -> float | None:
+        """Mean number of keys a query attends to at this length (the budget that makes
+        sparse patterns comparable): N for exact attention, (N + 1) / 2 causal; a window,
+        a block layout, top-k blocks or keys say theirs. None where attention is not over
+        a subset of the keys (low-rank, kernel and recurrent variants)."""
+        if self.exact:
+            return float(N if not causal else (N + 1) / 2)
+        return None
+
     # -- decoding: one new token at a time (`decoding.py`) -----------------------------
     def decode_reasons(self) -> list[str]:
         """Why this variant cannot generate token by token; empty when it can. A benchmark

@@ -44,7 +44,7 @@ import torch
 
 from ..core import KeyMask, Variant, register
 from ..sparse import SameLayout
-from ..sliding_window import SlidingWindowParams, band_mask, in_band, window_covers
+from ..sliding_window import SlidingWindowParams, band_keys, band_mask, in_band, window_covers
 
 PAPER = "https://arxiv.org/abs/2412.05496"
 # Block size of the sliding-window BlockMask: flex_attention's default tile.
@@ -246,6 +246,9 @@ class SlidingWindowFlex(_Flex):
 
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
         return window_covers(self.params.window, seq_len)
+
+    def keys_per_query(self, N: int, causal: bool = False) -> float:
+        return band_keys(self.params.window, N, causal)
 
     def _allows(self, N, device):
         # A tensor, not an int: dynamo would specialise the kernel on the int's value.

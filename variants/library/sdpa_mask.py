@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..core import KeyMask, Variant, register
 from ..sparse import SameLayout
-from ..sliding_window import SlidingWindowParams, band_mask, window_covers
+from ..sliding_window import SlidingWindowParams, band_keys, band_mask, window_covers
 
 # (query, key) pairs per block of mask rows: int64 temporaries of 32 MiB at most.
 _BLOCK_PAIRS = 2**22
@@ -89,6 +89,9 @@ class SlidingWindowSDPAMask(_SDPAMask):
 
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
         return window_covers(self.params.window, seq_len)
+
+    def keys_per_query(self, N: int, causal: bool = False) -> float:
+        return band_keys(self.params.window, N, causal)
 
 
 @register

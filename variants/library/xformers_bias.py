@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..core import KeyMask, Variant, register
 from ..exact import xformers_reasons
-from ..sliding_window import SlidingWindowParams, band_mask, window_covers
+from ..sliding_window import SlidingWindowParams, band_keys, band_mask, window_covers
 
 
 def window_bias(window: int, causal: bool):
@@ -50,6 +50,9 @@ class SlidingWindowXFormers(Variant):
 
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
         return window_covers(self.params.window, seq_len)
+
+    def keys_per_query(self, N: int, causal: bool = False) -> float:
+        return band_keys(self.params.window, N, causal)
 
     def flops(self, B, H, N, D, causal=False):
         """4 D per (query, key) pair in the band (the kernel's tiles add some, uncounted)."""

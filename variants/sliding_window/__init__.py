@@ -8,9 +8,9 @@ public: band_lowrank and the library kernels build on it. Imports: `variants.cor
 """
 
 from .sliding_window import (MaskCache, SlidingWindow, SlidingWindowParams, band_drop_mask,
-                             band_mask, band_span, band_views, chunk_rows, group_chunks,
+                             band_keys, band_mask, band_span, band_views, chunk_rows, group_chunks,
                              in_band, mask_runs, window_covers)
 
 __all__ = ["MaskCache", "SlidingWindow", "SlidingWindowParams", "band_drop_mask",
-           "band_mask", "band_span", "band_views", "chunk_rows", "group_chunks", "in_band",
+           "band_keys", "band_mask", "band_span", "band_views", "chunk_rows", "group_chunks", "in_band",
            "mask_runs", "window_covers"]

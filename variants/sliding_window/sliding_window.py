@@ -55,6 +55,14 @@ def band_mask(window: int) -> KeyMask:
     return allowed
 
 
+def band_keys(window: int, N: int, causal: bool) -> float:
+    """Mean keys a query sees in the band at length N (fewer near the ends)."""
+    i = torch.arange(N, dtype=torch.float64)
+    lo = (i - window).clamp(min=0)
+    hi = i if causal else (i + window).clamp(max=N - 1)
+    return float((hi - lo + 1).mean()) if N else 0.0
+
+
 def window_covers(window: int, N: int) -> bool:
     """Whether the band |i - j| <= window holds every pair of N positions (exact attention)."""
     return window >= N - 1
@@ -147,6 +155,9 @@ class SlidingWindow(Variant):
 
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
         return window_covers(self.params.window, seq_len)
+
+    def keys_per_query(self, N: int, causal: bool = False) -> float:
+        return band_keys(self.params.window, N, causal)
 
     def state_size(self, N, D):
         return 2 * min(self.params.window + 1, N) * D  # the cache of the window's keys, values

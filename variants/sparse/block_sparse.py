@@ -129,6 +129,22 @@ class BlockSparse(Variant):
         lay = self._layout(seq_len)
         return bool(lay.tril().eq(torch.ones_like(lay).tril()).all() if causal else lay.all())
 
+    def keys_per_query(self, N: int, causal: bool = False) -> float:
+        """Mean keys a query sees: the keys of its row's blocks (a partial last block's
+        actual keys); causal, those at or before it."""
+        if N == 0:
+            return 0.0
+        lay, b = self._layout(N).double(), self.params.block_size
+        nb = lay.shape[0]
+        size = torch.full((nb,), float(b), dtype=torch.float64)
+        size[-1] = N - (nb - 1) * b  # keys (and queries) in each block
+        if not causal:
+            return float((lay @ size * size).sum() / N)
+        # a query at offset a of its block sees the earlier blocks and a + 1 keys of its own
+        before = (lay.tril(-1) @ size * size).sum()
+        own = (lay.diagonal() * size * (size + 1) / 2).sum()
+        return float((before + own) / N)
+
     def state_size(self, N, D):
         return 2 * N * D  # random and global blocks reach any past key: the whole cache
 
@@ -261,3 +277,6 @@ class SameLayout:
 
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
         return self._pattern.exact_at(seq_len, causal)
+
+    def keys_per_query(self, N: int, causal: bool = False) -> float:
+        return self._pattern.keys_per_query(N, causal)
