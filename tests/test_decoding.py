@@ -19,10 +19,11 @@ SETTINGS = {
     "performer": {"num_features": 16},
     "block_sparse": {"block_size": 4, "window_blocks": 1, "global_blocks": 1, "random_blocks": 2},
     "moba": {"block_size": 4, "top_k": 3},
+    "scatterbrain": {"window": 4, "num_features": 16},
     "quest": {"page_size": 4, "top_k": 3},
 }
 # Boundaries of each variant's own blocking, so that prefill lengths straddle them.
-BOUNDARIES = {"sliding_window": [5], "block_sparse": [4, 12], "moba": [4, 12], "quest": [4, 12], "linear": [64], "performer": [128], "retention": [64],
+BOUNDARIES = {"sliding_window": [5], "scatterbrain": [5, 64], "block_sparse": [4, 12], "moba": [4, 12], "quest": [4, 12], "linear": [64], "performer": [128], "retention": [64],
               "gla": [64], "mamba2": [64], "deltanet": [64], "gated_deltanet": [64]}
 
 

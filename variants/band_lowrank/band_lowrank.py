@@ -48,7 +48,7 @@ import math
 
 import torch
 
-from ..core import Variant, compute_dtype, param, register, softmax_scale
+from ..core import DecodeState, Variant, compute_dtype, param, register, softmax_scale
 from ..linear import Performer, PerformerParams, lagged_kernel_flops, lagged_kernel_sum
 from ..low_rank import segment_means, segment_sizes
 from ..sliding_window import (MaskCache, band_drop_mask, band_mask, band_span, band_views,
@@ -64,6 +64,27 @@ def _band_mask_dense(N: int, w: int, causal: bool, device) -> torch.Tensor:
     idx = torch.arange(N, device=device)
     band = band_mask(w)(idx, idx)
     return band & (idx[None, :] <= idx[:, None]) if causal else band
+
+
+@dataclasses.dataclass
+class ScatterbrainState(DecodeState):
+    """Scatterbrain's decoding state: a ring of the band's last W = window + 1 keys and
+    values (token t in slot t mod W), and the far field's FAVOR+ sums of the keys older
+    than the band, S (B, H, m, D) and z (B, H, m), against the key scale `shift`."""
+    k: torch.Tensor
+    v: torch.Tensor
+    n: int
+    S: torch.Tensor
+    z: torch.Tensor
+    shift: torch.Tensor
+
+    def mark(self):
+        return self.n, [t.clone() for t in self.tensors()]
+
+    def rewind(self, mark) -> None:
+        self.n = mark[0]
+        for t, saved in zip(self.tensors(), mark[1]):
+            t.copy_(saved)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +201,62 @@ class Scatterbrain(Variant):
         # The band's keys and values, and the far field's feature sums (m x D and m).
         m = self.params.num_features
         return 2 * min(self.params.window + 1, N) * D + m * (D + 1)
+
+    # -- decoding: the band's ring and the far field's feature sums -----------------------
+    def decode_prefill(self, k, v, max_len):
+        B, H, N, D = k.shape
+        dt, m = compute_dtype(k.dtype), self.params.num_features
+        W = min(self.params.window + 1, max(max_len, 1))  # i - w .. i
+        st = ScatterbrainState(k.new_zeros(B, H, W, D, dtype=dt), k.new_zeros(B, H, W, D, dtype=dt),
+                               0, k.new_zeros(B, H, m, D, dtype=dt), k.new_zeros(B, H, m, dtype=dt),
+                               k.new_full((B, H, 1, 1), float("-inf"), dtype=dt))
+        return self.decode_extend(st, k, v)
+
+    def _add_far(self, st, k, v):
+        """Keys that left the band join the far field's sums, against the largest key
+        scale seen so far (the sums rescaled when it grows; it cancels in the output)."""
+        phi = self.features.feature_fns(k.shape[-1], k.dtype, k.device)[1]
+        pk, lk = phi(k)  # (B, H, r, m), (B, H, r, 1)
+        top = torch.maximum(st.shift, lk.amax(dim=-2, keepdim=True))
+        rescale = (st.shift - top).exp_()
+        st.S.mul_(rescale)
+        st.z.mul_(rescale[..., 0])
+        st.shift.copy_(top)
+        w = (lk - top).exp_()  # (B, H, r, 1)
+        st.S.add_(pk.transpose(-1, -2) @ (v * w))
+        st.z.add_((pk * w).sum(dim=-2))
+
+    def decode_extend(self, st, k, v):
+        dt = st.S.dtype
+        k, v = k.to(dt), v.to(dt)
+        W, n, r = st.k.shape[-2], st.n, k.shape[-2]
+        end = n + r - W  # tokens before `end` are in the far field once these are in
+        if end > max(0, n - W):  # ring tokens that leave the band, in order
+            t = torch.arange(max(0, n - W), min(n, end), device=k.device)
+            if len(t):
+                self._add_far(st, st.k[:, :, t % W], st.v[:, :, t % W])
+        if end > n:  # new tokens that go straight to the far field
+            self._add_far(st, k[:, :, :end - n], v[:, :, :end - n])
+        t = torch.arange(max(n, end), n + r, device=k.device)
+        st.k[:, :, t % W] = k[:, :, t - n]
+        st.v[:, :, t % W] = v[:, :, t - n]
+        st.n = n + r
+        return st
+
+    def decode_step(self, st, q, k, v):
+        dtype, dt = q.dtype, st.S.dtype
+        self.decode_extend(st, k, v)
+        q = q.to(dt)
+        held = min(st.n, st.k.shape[-2])
+        s = (q * softmax_scale(q.shape[-1])) @ st.k[:, :, :held].transpose(-1, -2)  # (B, H, 1, h)
+        pq, lq = self.features.feature_fns(q.shape[-1], dt, q.device)[1](q)  # (B, H, 1, m)
+        num_far, den_far = pq @ st.S, pq @ st.z.unsqueeze(-1)  # (B, H, 1, D), (B, H, 1, 1)
+        log_scale = lq + st.shift
+        shift = self._shift(s.amax(dim=-1, keepdim=True), den_far, log_scale)
+        e, ef = (s - shift).exp(), (log_scale - shift).exp()
+        num = e @ st.v[:, :, :held] + ef * num_far
+        den = e.sum(dim=-1, keepdim=True) + ef * den_far
+        return (num / den).to(dtype), st
 
     def flops(self, B, H, N, D, causal=False):
         """Band as sliding_window counts it (4 c L D per chunk); features x w^T for q and k
