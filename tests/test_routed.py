@@ -253,3 +253,39 @@ def test_routed_budgets_count_the_keys_their_weights_use(causal):
         q, k, _ = qkv(256)
         nz = (m.weights(q, k, causal) > 0).double().sum(-1).mean()
         assert m.keys_per_query(256, causal) == pytest.approx(float(nz), abs=1e-9)
+
+
+def test_the_retrieval_input_plants_matches_a_block_mean_shows():
+    """`retrieval`: each query's few planted keys lie anywhere, hold most of its weight,
+    and the blocks holding them are the ones MoBA's gate and Quest's bound rank first."""
+    from harness.measure.inputs import make_inputs
+
+    N, b = 2048, 64
+    q, k, v = make_inputs("retrieval", 1, 2, N, 64, seed=0)
+    ref = exact_reference(q, k, v)
+    for name, params in (("moba", {"block_size": b, "top_k": 4}),
+                         ("quest", {"page_size": b, "top_k": 4})):
+        m = variants.build(name, **params)
+        with torch.no_grad():
+            o = m(q, k, v)
+        cos = torch.nn.functional.cosine_similarity(o.double(), ref, dim=-1).mean()
+        assert cos > 0.99, (name, float(cos))  # 4 of 32 blocks: the planted ones
+    window = variants.build("sliding_window", window=b * 2)  # 8 blocks' worth of keys
+    with torch.no_grad():
+        o = window(q, k, v)
+    assert torch.nn.functional.cosine_similarity(o.double(), ref, dim=-1).mean() < 0.7
+
+
+def test_the_budget_plot_draws_fixed_and_routed_rows(tmp_path):
+    import pandas as pd
+
+    from harness.report import plots
+
+    rows = [{"variant": v, "input": inp, "seq_len": 512, "causal": c, "row_cos": cos,
+             "keys_per_query": kq}
+            for inp in ("minilm", "retrieval") for c in (False, True)
+            for v, kq, cos in (("sliding_window", 129.0, 0.9), ("sliding_window", 257.0, 0.95),
+                               ("moba", 128.0, 0.97), ("moba", 256.0, 0.99),
+                               ("topk", 64.0, 0.999))]
+    path = plots.budget_plot(pd.DataFrame(rows), tmp_path / "b.png")
+    assert path.stat().st_size > 1000

@@ -203,6 +203,8 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
                                       "recurrence", pdir / "error_recurrence_vs_length.png")
             blocks.append(("img", path, "error against its own recurrence, by length"))
 
+    blocks += _budget_blocks(df, run_dir)
+
     blocks.append(("h", 2, "Pareto front: error against time"))
     for v in views:  # captured inputs first
         lengths = _pareto_lengths(v)
@@ -235,6 +237,25 @@ def build_blocks(df: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
 
     blocks += _closing_blocks(pd.concat([df, dec], ignore_index=True), meta)
     return blocks
+
+
+def _budget_blocks(df: pd.DataFrame, run_dir: Path) -> list[tuple]:
+    """Row cosine against the keys a query attends to, for every sparse row (fixed and
+    content-routed patterns: those with a keys_per_query that are not exact there)."""
+    rows = T.against_softmax(T.ok_rows(df))
+    if "row_cos" not in rows.columns:
+        return []
+    rows = rows[(rows["pass"] == "forward") & rows["keys_per_query"].notna()
+                & rows["row_cos"].notna() & (rows["exact"] != True)]  # noqa: E712
+    if rows.empty:
+        return []
+    path = plots.budget_plot(rows, run_dir / "plots" / "error_vs_budget.png")
+    return [("h", 2, "Error against the budget of keys"),
+            ("p", "Each sparse variant, fixed pattern (a window, a block layout) or routed by "
+                  "content (top-k blocks, pages, keys), at the mean number of keys a query "
+                  "attends to (results.csv keys_per_query) over the keys it could see; "
+                  "forward rows. topk, the oracle, is the ceiling a k-sparse method can reach."),
+            ("img", path, "error against the budget of keys")]
 
 
 def _decode_only_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:

@@ -1,8 +1,8 @@
 """Read a results folder (results.csv + meta.json, docs/results.md) into one DataFrame.
 
 The report and compare only read what `run` wrote; they never measure. Columns added since
-the first runs (`exact`, `state_mib`) are optional: an older folder still reads, with them
-empty. Adds two derived columns: `label` (variant plus its parameters, e.g. `sliding_window(window=256)`; the
+the first runs (`exact`, `state_mib`, `keys_per_query`) are optional: an older folder still
+reads, with them empty. Adds two derived columns: `label` (variant plus its parameters, e.g. `sliding_window(window=256)`; the
 report shortens it with `short_labels`) and
 `setting` (the case dimensions other than the variant and the length, as one string).
 """
@@ -107,10 +107,11 @@ def read_results(csv_path: Path) -> pd.DataFrame:
             raise UsageError(f"{csv_path}: column {col} holds non-numbers")
     df["causal"] = df["causal"].map(_as_bool)
     # Optional columns: empty (unknown) in runs written before they existed.
-    if "state_mib" not in df.columns:
-        df["state_mib"] = float("nan")
-    if not pd.api.types.is_numeric_dtype(df["state_mib"]):
-        raise UsageError(f"{csv_path}: column state_mib holds non-numbers")
+    for col in ("state_mib", "keys_per_query"):
+        if col not in df.columns:
+            df[col] = float("nan")
+        if not pd.api.types.is_numeric_dtype(df[col]):
+            raise UsageError(f"{csv_path}: column {col} holds non-numbers")
     df["exact"] = (df["exact"].map(lambda v: None if pd.isna(v) else _as_bool(v, "exact"))
                    if "exact" in df.columns else None)
     # What the error columns were measured against; runs written before the column: softmax.
