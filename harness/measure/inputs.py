@@ -11,6 +11,14 @@
   long N (measured, D = 64: weight within 64 tokens 0.9999 at N = 4096, 0.9996 at 16384,
   0.9990 at 32768; at a scale of 12 it was 0.976, 0.884, 0.797).
 
+- `retrieval`: content-sparse, non-local attention, as a retrieval head's. D // 4 code
+  directions (the first channels); each query carries one code (alpha e_c), and each code
+  sits on RETRIEVAL_KEYS keys at random positions (anywhere in the sequence), so a query
+  strongly matches those few keys, at random distances, and no others. The rest of q and k
+  is N(0, 1/4) noise in the other channels (none in the code channels), small enough that
+  a block holding a planted key stands out in its mean key (q . mean: alpha^2 / b against
+  noise of ~0.1 at b = 64) and in its page bound (Quest's min and max).
+
 `attention_entropy` measures the mean entropy (nats) of the exact attention rows, for docs
 and reports; `python -m harness.measure.inputs` prints it for each distribution.
 """
@@ -21,8 +29,10 @@ import math
 
 import torch
 
-DISTRIBUTIONS = ("gaussian", "sharp", "local")
+DISTRIBUTIONS = ("gaussian", "sharp", "local", "retrieval")
 LOCAL_SCALE = 20.0  # score of the shared positional component at distance 0
+RETRIEVAL_ALPHA = 9.0  # code strength: a planted match scores alpha^2 / sqrt(D) (10.1 at D = 64)
+RETRIEVAL_KEYS = 4  # keys each code is planted on
 
 
 def make_inputs(dist: str, B: int, H: int, N: int, D: int, *, dtype=torch.float32,
@@ -39,7 +49,27 @@ def make_inputs(dist: str, B: int, H: int, N: int, D: int, *, dtype=torch.float3
         # scores ~ LOCAL_SCALE * cos-similarity of positions: a peak a few tokens wide.
         q = 0.5 * q + math.sqrt(LOCAL_SCALE * math.sqrt(D)) * pos
         k = 0.5 * k + math.sqrt(LOCAL_SCALE * math.sqrt(D)) * pos
+    elif dist == "retrieval":
+        q, k = _retrieval(q, k, g)
     return tuple(t.to(dtype=dtype, device=device).contiguous() for t in (q, k, v))
+
+
+def _retrieval(q: torch.Tensor, k: torch.Tensor, g: torch.Generator):
+    """q, k of `retrieval` from N(0, 1) draws: noise / 2 outside the code channels, each
+    query one code, each code on RETRIEVAL_KEYS random keys (per batch and head)."""
+    B, H, N, D = q.shape
+    C = max(1, D // 4)
+    q, k = q * 0.5, k * 0.5
+    q[..., :C] = 0
+    k[..., :C] = 0
+    code = torch.randint(C, (B, H, N), generator=g)
+    q[..., :C] = RETRIEVAL_ALPHA * torch.nn.functional.one_hot(code, C).to(q.dtype)
+    pos = torch.randint(N, (B, H, C * RETRIEVAL_KEYS), generator=g)  # where each code sits
+    b, h = torch.meshgrid(torch.arange(B), torch.arange(H), indexing="ij")
+    which = torch.arange(C).repeat_interleave(RETRIEVAL_KEYS).expand(B, H, -1)
+    k.index_put_((b[..., None].expand_as(pos), h[..., None].expand_as(pos), pos, which),
+                 torch.tensor(RETRIEVAL_ALPHA), accumulate=True)
+    return q, k
 
 
 def _positional(N: int, D: int) -> torch.Tensor:
