@@ -12,10 +12,12 @@ before the chunk (row vectors, s = D^-1/2):
 
 - scalar gate (retention, mamba2): o = s [(Q ⊙ e^b) S0 + (Q K^T ⊙ Γ) V],
   Γ_ij = exp(b_i - b_j) (j <= i); S_C = e^{b_C} S0 + (K ⊙ e^{b_C - b})^T V.
-- per-channel gate (gla): the same with Γ per channel. Q K^T ⊙ Γ is no longer one matmul:
-  the chunk is cut into sub-chunks of c tokens, and for a query sub-chunk the earlier
-  keys are scaled against its start r: (q_t e^{b_t - r}) . (k_j e^{r - b_j}), both
-  factors <= 1; within the sub-chunk the (c, c, D) decays are taken explicitly.
+- per-channel gate (gla): the same with Γ per channel. Where no channel decays by more
+  than GLA_ONE_MATMUL_SPAN within a chunk, Q K^T ⊙ Γ is one matmul against the chunk's
+  start, (q_t e^{b_t}) . (k_j e^{-b_j}); otherwise the chunk is cut into sub-chunks of c
+  tokens, and for a query sub-chunk the earlier keys are scaled against its start r:
+  (q_t e^{b_t - r}) . (k_j e^{r - b_j}), both factors <= 1; within the sub-chunk the
+  (c, c, D) decays are taken explicitly.
 - delta rule (deltanet, gated_deltanet), the WY/UT form (Yang et al. 2024, Sec. 3): with
   A = tril(diag(β) (K K^T ⊙ Γ), -1) and T = (I + A)^-1 diag(β) (one triangular solve),
   W = T (K ⊙ e^b) and Ũ = T V; then per chunk U = Ũ - W S0 (the values the erase leaves),
@@ -87,6 +89,13 @@ def chunk_scalar_gate(q, k, v, g, C: int) -> torch.Tensor:
     return (s * o).reshape(B, H, n, D)[:, :, :N]
 
 
+# Largest decay (nats) within one chunk for which GLA's intra-chunk scores are taken as one
+# matmul against the chunk's start, (q_t e^{b_t}) . (k_j e^{-b_j}): the factors stay within
+# e^{±30} (float32 holds e^{±87}) and every product kept, j <= t, is <= |q_t| |k_j|.
+# Beyond it (decays faster than ~0.5 nat per token), the sub-chunk form below.
+GLA_ONE_MATMUL_SPAN = 30.0
+
+
 def chunk_channel_gate(q, k, v, g, C: int, sub: int) -> torch.Tensor:
     """GLA: g (B, H, N, D) log-decays per key channel. -> o (B, H, N, D)."""
     B, H, N, D = q.shape
@@ -98,29 +107,42 @@ def chunk_channel_gate(q, k, v, g, C: int, sub: int) -> torch.Tensor:
     b = _chunks(_pad(g, n), C).cumsum(-2)  # (B, H, nc, C, D)
     nc = n // C
     s = D ** -0.5
-    # Keys of earlier sub-chunks, scaled against each query sub-chunk's start r.
-    bs = b.view(B, H, nc, ns, sub, D)
-    r = torch.cat([b.new_zeros(B, H, nc, 1, 1, D), bs[:, :, :, :-1, -1:, :]], dim=3)
-    q_r = qc.view(B, H, nc, ns, sub, D) * (bs - r).exp()  # (B, H, nc, ns, sub, D)
-    key_sub = torch.arange(C, device=q.device) // sub  # sub-chunk of each key
-    earlier = key_sub[None, :] < torch.arange(ns, device=q.device)[:, None]  # (ns, C)
-    expo = (r - b[:, :, :, None]).masked_fill(~earlier[..., None], float("-inf"))
-    k_r = kc[:, :, :, None] * expo.exp()  # (B, H, nc, ns, C, D), zero at later keys
-    att = q_r @ k_r.transpose(-1, -2)  # (B, H, nc, ns, sub, C)
-    # Within a sub-chunk: the (sub, sub, D) decays themselves.
-    lower = _lower(sub, q.device)
-    dd = (bs[..., :, None, :] - bs[..., None, :, :]).masked_fill(~lower[..., None],
-                                                                 float("-inf"))
-    ks = kc.view(B, H, nc, ns, sub, D)
-    diag = (qc.view(B, H, nc, ns, sub, 1, D) * ks[..., None, :, :] * dd.exp()).sum(-1)
-    eye = torch.eye(ns, dtype=q.dtype, device=q.device)[:, None, :, None]  # (ns, 1, ns, 1)
-    att = att.view(B, H, nc, ns, sub, ns, sub) + diag[..., None, :] * eye
-    att = att.reshape(B, H, nc, C, C)
-    last = b[..., -1:, :]  # (B, H, nc, 1, D)
+    last = b[..., -1:, :]  # (B, H, nc, 1, D): each chunk's total log-decay, <= 0
+    if float(-last.detach().min()) <= GLA_ONE_MATMUL_SPAN:  # one sync: which form
+        att = ((qc * b.exp()) @ (kc * (-b).exp()).transpose(-1, -2))
+        att = att.masked_fill(~_lower(C, q.device), 0.0)  # (B, H, nc, C, C)
+    else:
+        att = _channel_scores_by_sub_chunk(qc, kc, b, sub)
     U = (kc * (last - b).exp()).transpose(-1, -2) @ vc  # (B, H, nc, D, D)
     S0 = _scan(last.exp().transpose(-1, -2), U)
     o = att @ vc + (qc * b.exp()) @ S0
     return (s * o).reshape(B, H, n, D)[:, :, :N]
+
+
+def _channel_scores_by_sub_chunk(qc, kc, b, sub: int) -> torch.Tensor:
+    """Σ_d q_td k_jd exp(b_td - b_jd) for j <= t, else 0, (B, H, nc, C, C), for any decay:
+    earlier sub-chunks' keys against each query sub-chunk's start, the query's own
+    sub-chunk by its (sub, sub, D) decays."""
+    B, H, nc, C, D = qc.shape
+    ns = C // sub
+    # Keys of earlier sub-chunks, scaled against each query sub-chunk's start r.
+    bs = b.view(B, H, nc, ns, sub, D)
+    r = torch.cat([b.new_zeros(B, H, nc, 1, 1, D), bs[:, :, :, :-1, -1:, :]], dim=3)
+    q_r = qc.view(B, H, nc, ns, sub, D) * (bs - r).exp()  # (B, H, nc, ns, sub, D)
+    key_sub = torch.arange(C, device=qc.device) // sub  # sub-chunk of each key
+    earlier = key_sub[None, :] < torch.arange(ns, device=qc.device)[:, None]  # (ns, C)
+    expo = (r - b[:, :, :, None]).masked_fill(~earlier[..., None], float("-inf"))
+    k_r = kc[:, :, :, None] * expo.exp()  # (B, H, nc, ns, C, D), zero at later keys
+    att = q_r @ k_r.transpose(-1, -2)  # (B, H, nc, ns, sub, C)
+    # Within a sub-chunk: the (sub, sub, D) decays themselves.
+    lower = _lower(sub, qc.device)
+    dd = (bs[..., :, None, :] - bs[..., None, :, :]).masked_fill(~lower[..., None],
+                                                                 float("-inf"))
+    ks = kc.view(B, H, nc, ns, sub, D)
+    diag = (qc.view(B, H, nc, ns, sub, 1, D) * ks[..., None, :, :] * dd.exp()).sum(-1)
+    eye = torch.eye(ns, dtype=qc.dtype, device=qc.device)[:, None, :, None]  # (ns, 1, ns, 1)
+    att = att.view(B, H, nc, ns, sub, ns, sub) + diag[..., None, :] * eye
+    return att.reshape(B, H, nc, C, C)
 
 
 def chunk_delta(q, k, v, beta, g, C: int) -> torch.Tensor:
