@@ -289,3 +289,26 @@ def test_the_budget_plot_draws_fixed_and_routed_rows(tmp_path):
                                ("topk", 64.0, 0.999))]
     path = plots.budget_plot(pd.DataFrame(rows), tmp_path / "b.png")
     assert path.stat().st_size > 1000
+
+
+def test_reference_ceilings_are_the_registry_s_and_never_an_answer():
+    import pandas as pd
+
+    from harness.files.columns import REFERENCE_CEILINGS
+    from harness.report import tables
+
+    assert set(REFERENCE_CEILINGS) == {n for n in variants.names()
+                                       if variants.spec(n).reference_ceiling}
+    base = {"setting": "s", "status": "ok", "seq_len": 512, "exact": False, "rel_err": 0.1,
+            "time_ms_iqr": 0.0, "params": "{}", "causal": False, "pass": "forward",
+            "err_ref": "softmax", "family": "x", "device": "cpu", "dtype": "float32",
+            "batch": 1, "heads": 1, "head_dim": 64, "input": "gaussian", "max_abs_err": 0.1}
+    df = pd.DataFrame([base | {"variant": "sdpa", "label": "sdpa", "exact": True,
+                               "time_ms": 10.0, "row_cos": 1.0, "rel_err": 0.0},
+                       base | {"variant": "moba", "label": "moba", "time_ms": 2.0,
+                               "row_cos": 0.995},
+                       base | {"variant": "topk", "label": "topk", "time_ms": 1.0,
+                               "row_cos": 0.9999}])
+    answers = tables.fastest_accurate(df, ["setting"])
+    assert "topk" not in answers.to_string()
+    assert (answers["most accurate approximate"] == "moba").all()

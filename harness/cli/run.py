@@ -233,6 +233,7 @@ def list_command(args) -> int:
         params = ", ".join(f"{p.name}={p.default!r}" + _constraint(p) for p in s.params) or "-"
         exact = "exact" if s.exact else ("pattern" if s.pattern_exact else "approx")
         exact = exact if s.err_ref == "softmax" else f"no ({s.err_ref})"
+        exact = f"{exact} (reference ceiling)" if s.reference_ceiling else exact
         causal = "only" if s.causal_only else ("yes" if s.supports_causal else "no")
         inputs = "; ".join(f"{i.name} {i.shape_text} {i.range_text}" for i in s.inputs) or "-"
         rows.append([name, s.family, exact, causal, "yes" if s.supports_backward else "no",

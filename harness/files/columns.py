@@ -16,6 +16,10 @@ TRAIN_META = "train_meta.json"
 # The exact variants every other one is set against (the report's "x sdpa" ratios, the
 # drift baseline), fastest first.
 EXACT_PATHS = ("sdpa", "standard")
+# Reference ceilings (variants' `reference_ceiling`): the top-k oracle bounds what a k-sparse
+# method can reach at its budget, at O(N^2) selection cost; the report's answers never offer
+# it (tests/test_routed.py holds this list to the registry).
+REFERENCE_CEILINGS = ("topk",)
 
 # `exact`: the setting computes exact softmax attention at this row's length and causal
 # flag (variants' `exact_at`: an exact path, or a window or layout that covers every pair).

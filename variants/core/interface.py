@@ -59,6 +59,9 @@ class Variant(torch.nn.Module):
     # Calls of the measured pass that `prepare` makes (a compile runs the kernel once):
     # the harness subtracts that many steady-state calls from `compile_ms`.
     prepare_calls: ClassVar[int] = 0
+    # A reference ceiling rather than a method (the top-k oracle: its selection costs
+    # O(N^2)): measured as a bound for the others, never offered as an answer.
+    reference_ceiling: ClassVar[bool] = False
 
     def __init__(self, params=None):
         super().__init__()

@@ -36,6 +36,7 @@ class VariantSpec:
     causal_only: bool = False  # refuses causal=False (a recurrence)
     inputs: tuple = ()  # InputSpecs of the inputs beyond q, k, v it takes
     err_ref: str = "softmax"  # its error's reference: exact softmax, or its own recurrence
+    reference_ceiling: bool = False  # a bound for others (the top-k oracle), never an answer
 
     @property
     def defaults(self) -> dict:
@@ -90,7 +91,7 @@ def spec(name: str) -> VariantSpec:
     return VariantSpec(cls.name, cls.family, cls.exact, cls.paper, doc[0] if doc else "",
                        _param_specs(cls), cls.supports_causal, cls.supports_backward,
                        pattern_exact, cls.causal_only is not None, tuple(cls.inputs),
-                       cls.err_ref)
+                       cls.err_ref, cls.reference_ceiling)
 
 
 def _check_value(variant: str, p: ParamSpec, value):

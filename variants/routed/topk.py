@@ -111,8 +111,7 @@ class TopK(Variant):
     family = "routed"
     Params = TopKParams
     paper = "https://arxiv.org/abs/2504.17768"
-    # A reference ceiling, not an efficient method: the report never offers it.
-    reference_ceiling = True
+    reference_ceiling = True  # not an efficient method: the report never offers it
 
     def select(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
         """The keys each query reads, (B, H, N, min(top_k, N)) long, best first; -1 where
