@@ -16,7 +16,12 @@ the query against it), where attention alone needs two layers and many more step
     logits = norm(h) @ embedding.weight^T                  # tied head, (B, N, vocab)
 
 The projections, the convolution and the MLP belong to the model, not to the variant,
-which stays a pure q, k, v -> o map built from the registry by name and parameters.
+which stays a pure q, k, v -> o map built from the registry by name and parameters. So do
+the layers that make a variant's declared inputs beyond q, k, v (a recurrence's gates) from
+the same normed hidden state, as the papers' layers do (`InputLayer`): beta = sigmoid(W x)
+(DeltaNet, Gated DeltaNet); GLA's low-rank gate g = logsigmoid(W2 W1 x) / 16 (rank 16);
+Mamba2's decay g = -exp(A_log) softplus(W x + dt_bias), A = exp(A_log) ~ U(1, 16) and
+softplus(dt_bias) ~ logU(1e-3, 1e-1) per head at initialisation (Gated DeltaNet's gate).
 Parameters are initialised as Zoology's model does (normal, std 0.02; output projections
 scaled by 1 / sqrt(2 layers)) except the q, k, v projection: std d_model^-1/2, so that the
 first scores are O(1) and attention is not uniform from the start. Measured here (sdpa,
@@ -50,6 +55,45 @@ class ShortConv(nn.Module):
         return y[..., :x.shape[1]].transpose(1, 2)  # the first N: output i sees i-K+1..i
 
 
+GLA_GATE_RANK = 16  # GLA's gate: a low-rank projection (Yang et al. 2024, Sec. 4.4)
+GLA_GATE_NORMALISER = 16  # ... through logsigmoid, divided by this
+
+
+class InputLayer(nn.Module):
+    """One declared input of the mixer (a `variants.InputSpec`), made from the normed hidden
+    state (B, N, d) by the layer its `layer` names; returns the declared shape."""
+
+    def __init__(self, spec, d_model: int, heads: int):
+        super().__init__()
+        self.kind, self.heads = spec.layer, heads
+        if self.kind == "sigmoid":  # (B, H, N) in (0, 1)
+            self.proj = nn.Linear(d_model, heads)
+        elif self.kind == "gla_gate":  # (B, H, N, d / H) <= 0
+            self.proj = nn.Sequential(nn.Linear(d_model, GLA_GATE_RANK, bias=False),
+                                      nn.Linear(GLA_GATE_RANK, d_model))
+        elif self.kind == "mamba2_decay":  # (B, H, N) <= 0
+            self.proj = nn.Linear(d_model, heads, bias=False)
+            A = torch.empty(heads).uniform_(1, 16)
+            dt = torch.exp(torch.empty(heads).uniform_(math.log(1e-3), math.log(1e-1)))
+            self.A_log = nn.Parameter(A.log())
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        else:
+            raise ValueError(f"the recall model has no layer for input {spec.name!r} "
+                             f"(layer {spec.layer!r})")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, d = x.shape
+        y = self.proj(x)  # (B, N, H) or (B, N, d)
+        if self.kind == "sigmoid":
+            # Kept strictly inside (0, 1) in float32 (sigmoid(17) rounds to 1).
+            y = torch.sigmoid(y) * (1 - 2e-6) + 1e-6
+        elif self.kind == "gla_gate":
+            y = F.logsigmoid(y).div(GLA_GATE_NORMALISER).view(B, N, self.heads, d // self.heads)
+        else:
+            y = -self.A_log.exp() * F.softplus(y + self.dt_bias)
+        return y.transpose(1, 2).contiguous()  # (B, H, N) or (B, H, N, d / H)
+
+
 class Block(nn.Module):
     def __init__(self, d_model: int, heads: int, mixer: nn.Module, causal: bool, mlp: bool):
         super().__init__()
@@ -58,6 +102,8 @@ class Block(nn.Module):
         self.norm_attn = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.mixer = mixer
+        self.inputs = nn.ModuleDict({s.name: InputLayer(s, d_model, heads)
+                                     for s in getattr(mixer, "inputs", ())})
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
         self.mlp = None
         if mlp:
@@ -68,10 +114,12 @@ class Block(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # h (B, N, d)
         B, N, d = h.shape
         h = h + self.conv(h)  # no norm before it: measured here, a norm delayed learning
-        q, k, v = self.qkv(self.norm_attn(h)).split(d, dim=-1)  # each (B, N, d)
+        x = self.norm_attn(h)
+        q, k, v = self.qkv(x).split(d, dim=-1)  # each (B, N, d)
         q, k, v = (t.view(B, N, self.heads, d // self.heads).transpose(1, 2)
                    for t in (q, k, v))  # each (B, H, N, d / H)
-        o = self.mixer(q, k, v, causal=self.causal)  # (B, H, N, d / H)
+        extra = {name: layer(x) for name, layer in self.inputs.items()}  # gates, if any
+        o = self.mixer(q, k, v, causal=self.causal, **extra)  # (B, H, N, d / H)
         h = h + self.out_proj(o.transpose(1, 2).reshape(B, N, d))
         if self.mlp is not None:
             h = h + self.mlp(self.norm_mlp(h))
@@ -97,6 +145,8 @@ class RecallModel(nn.Module):
         for name, p in self.named_parameters():
             if "mixer." in name:
                 continue  # a variant's own buffers/parameters (none are learned by default)
+            if name.endswith(("A_log", "dt_bias")):
+                continue  # Mamba2's decay parameters keep their own initialisation
             if name.endswith("weight") and p.dim() >= 2 and "conv" not in name:
                 std = 0.02 / math.sqrt(2 * layers) if ("out_proj" in name or "mlp.2" in name) \
                     else p.shape[1] ** -0.5 if "qkv" in name else 0.02

@@ -23,7 +23,9 @@ Sampler = Callable[[torch.Generator, int, int, int, int], torch.Tensor]
 class InputSpec:
     """One declared input: `dims` names its shape from (B, H, N, D); values lie in
     [low, high] (None: unbounded; `open_low`/`open_high` exclude the bound); `drawn` says
-    in words how `sample` draws it (the paper's layer at initialisation)."""
+    in words how `sample` draws it (the paper's layer at initialisation); `layer` names the
+    paper's layer that makes it from a hidden state (a trained model builds that layer:
+    harness.train.model)."""
     name: str
     dims: tuple[str, ...]
     low: float | None
@@ -33,6 +35,7 @@ class InputSpec:
     open_low: bool = False
     open_high: bool = False
     doc: str = ""
+    layer: str = ""
 
     @property
     def shape_text(self) -> str:

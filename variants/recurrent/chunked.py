@@ -91,9 +91,10 @@ def chunk_scalar_gate(q, k, v, g, C: int) -> torch.Tensor:
 
 # Largest decay (nats) within one chunk for which GLA's intra-chunk scores are taken as one
 # matmul against the chunk's start, (q_t e^{b_t}) . (k_j e^{-b_j}): the factors stay within
-# e^{±30} (float32 holds e^{±87}) and every product kept, j <= t, is <= |q_t| |k_j|.
-# Beyond it (decays faster than ~0.5 nat per token), the sub-chunk form below.
-GLA_ONE_MATMUL_SPAN = 30.0
+# e^{±60} (float32 holds e^{±87}, so a discarded product j > t stays finite for
+# |q_t| |k_j| < e^{27}) and every product kept, j <= t, is <= |q_t| |k_j|. Beyond it
+# (decays faster than ~1 nat per token), the sub-chunk form below.
+GLA_ONE_MATMUL_SPAN = 60.0
 
 
 def chunk_channel_gate(q, k, v, g, C: int, sub: int) -> torch.Tensor:

@@ -44,10 +44,10 @@ def _beta(gen: torch.Generator, B: int, H: int, N: int, D: int) -> torch.Tensor:
 
 GATE_CHANNEL = InputSpec("g", ("B", "H", "N", "D"), None, 0.0,
                          "logsigmoid(x) / 16, x ~ N(0, 1) (GLA's gate)", _gla_gate,
-                         doc="log-decay per key channel")
+                         doc="log-decay per key channel", layer="gla_gate")
 GATE_HEAD = InputSpec("g", ("B", "H", "N"), None, 0.0,
                       "-exp(A_log) softplus(x + dt_bias), x ~ N(0, 1), A ~ U(1, 16), "
                       "dt ~ logU(1e-3, 1e-1) per head (Mamba2's decay)", _mamba2_gate,
-                      doc="log-decay per head")
+                      doc="log-decay per head", layer="mamba2_decay")
 BETA = InputSpec("beta", ("B", "H", "N"), 0.0, 1.0, "sigmoid(x), x ~ N(0, 1)", _beta,
-                 open_low=True, open_high=True, doc="write strength")
+                 open_low=True, open_high=True, doc="write strength", layer="sigmoid")
