@@ -203,9 +203,8 @@ def test_time_call_times_calls_after_the_warm_up_only(monkeypatch):
 
 
 def test_time_call_by_autorange_gives_per_call_times_and_enough_of_them():
-    """Timer's path: each sample is one call's time (a call sleeps >= 2 ms, so no sample
-    is below that: not a block's total over its calls divided wrongly), at least
-    min_repeats of them, after the warm-up."""
+    """Timer's path: each sample is one call's time (a call that sleeps 2 ms gives no
+    sample below that), at least min_repeats of them, after the warm-up."""
     import time as real_time
 
     calls = []
@@ -218,6 +217,20 @@ def test_time_call_by_autorange_gives_per_call_times_and_enough_of_them():
     assert t.repeats == len(t.samples_ms) >= 7
     assert min(t.samples_ms) >= 2.0 and t.time_ms >= 2.0
     assert len(calls) >= 2 + 7
+    # A microsecond call: Timer runs it in blocks of hundreds; a sample is a block's time
+    # over its calls. Calls made x the median per-call time cannot exceed the wall time
+    # spent (a block's total taken as one call's would, by the block size).
+    xs = list(range(200))
+    calls.clear()
+
+    def fast():
+        calls.append(1)
+        sum(xs)
+
+    start = real_time.perf_counter()
+    t = timing.time_call(fast, min_run_time=0.1, min_repeats=1, warmup=1)  # Timer's blocks only
+    wall_ms = (real_time.perf_counter() - start) * 1e3
+    assert len(calls) > 100 and len(calls) * t.time_ms <= 2 * wall_ms, (len(calls), t, wall_ms)
 
 
 # -- inputs: seeded, distinct, each distribution what it says -------------------------------
