@@ -11,7 +11,7 @@ import torch
 
 import variants
 
-NAMES = ["retention", "gla", "mamba2", "deltanet", "gated_deltanet"]
+NAMES = ["retention", "gla", "mamba2", "deltanet", "gated_deltanet", "kda"]
 C = 64  # every variant's default chunk
 LENGTHS = [1, C - 1, C, C + 1, 1000]
 
@@ -68,7 +68,8 @@ def _sequential(m, q, k, v, **ins):
 
 
 @pytest.mark.parametrize("name,low,high", [("gla", 0.7, 0.9), ("gla", 1.5, 4.5),
-                                           ("mamba2", 1.5, 4.5), ("gated_deltanet", 1.5, 4.5)])
+                                           ("mamba2", 1.5, 4.5), ("gated_deltanet", 1.5, 4.5),
+                                           ("kda", 0.7, 0.9), ("kda", 1.5, 4.5)])
 def test_strong_decays_stay_exact_and_finite(name, low, high):
     """Decays of 1.5 to 4.5 nats per token (e^-190 over a chunk): GLA's scores leave the
     one-matmul form for the sub-chunk form (at 0.7 to 0.9, up to 58 nats over a chunk, they
@@ -243,7 +244,7 @@ def test_fla_kernels_match_our_float64_recurrence(name, backward):
         assert err <= 2 * e_ours + 1e-2, (label, err, e_ours)
 
 
-@pytest.mark.parametrize("name", ["gla", "mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["gla", "mamba2", "gated_deltanet", "kda"])
 def test_the_recall_model_makes_the_declared_inputs_and_trains_them(name):
     """The recall model's layers make each declared input from the hidden state in its
     range and shape, and the loss reaches their weights (they are the model's)."""

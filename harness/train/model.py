@@ -21,7 +21,9 @@ the layers that make a variant's declared inputs beyond q, k, v (a recurrence's 
 the same normed hidden state, as the papers' layers do (`InputLayer`): beta = sigmoid(W x)
 (DeltaNet, Gated DeltaNet); GLA's low-rank gate g = logsigmoid(W2 W1 x) / 16 (rank 16);
 Mamba2's decay g = -exp(A_log) softplus(W x + dt_bias), A = exp(A_log) ~ U(1, 16) and
-softplus(dt_bias) ~ logU(1e-3, 1e-1) per head at initialisation (Gated DeltaNet's gate).
+softplus(dt_bias) ~ logU(1e-3, 1e-1) per head at initialisation (Gated DeltaNet's gate);
+Kimi Delta Attention's g per channel = -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank
+d / H, A_log per head and dt_bias per channel as in fla's KimiDeltaAttention layer.
 Parameters are initialised as Zoology's model does (normal, std 0.02; output projections
 scaled by 1 / sqrt(2 layers)) except the q, k, v projection: std d_model^-1/2, so that the
 first scores are O(1) and attention is not uniform from the start. Measured here (sdpa,
@@ -71,10 +73,14 @@ class InputLayer(nn.Module):
         elif self.kind == "gla_gate":  # (B, H, N, d / H) <= 0
             self.proj = nn.Sequential(nn.Linear(d_model, GLA_GATE_RANK, bias=False),
                                       nn.Linear(GLA_GATE_RANK, d_model))
-        elif self.kind == "mamba2_decay":  # (B, H, N) <= 0
-            self.proj = nn.Linear(d_model, heads, bias=False)
+        elif self.kind in ("mamba2_decay", "kda_gate"):  # (B, H, N) or (B, H, N, d / H) <= 0
+            per_channel = self.kind == "kda_gate"
+            self.proj = (nn.Sequential(nn.Linear(d_model, d_model // heads, bias=False),
+                                       nn.Linear(d_model // heads, d_model, bias=False))
+                         if per_channel else nn.Linear(d_model, heads, bias=False))
             A = torch.empty(heads).uniform_(1, 16)
-            dt = torch.exp(torch.empty(heads).uniform_(math.log(1e-3), math.log(1e-1)))
+            dt = torch.exp(torch.empty(d_model if per_channel else heads).uniform_(
+                math.log(1e-3), math.log(1e-1)))
             self.A_log = nn.Parameter(A.log())
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
         else:
@@ -89,6 +95,9 @@ class InputLayer(nn.Module):
             y = torch.sigmoid(y) * (1 - 2e-6) + 1e-6
         elif self.kind == "gla_gate":
             y = F.logsigmoid(y).div(GLA_GATE_NORMALISER).view(B, N, self.heads, d // self.heads)
+        elif self.kind == "kda_gate":
+            y = F.softplus(y + self.dt_bias).view(B, N, self.heads, d // self.heads)
+            y = -self.A_log.exp()[:, None] * y
         else:
             y = -self.A_log.exp() * F.softplus(y + self.dt_bias)
         return y.transpose(1, 2).contiguous()  # (B, H, N) or (B, H, N, d / H)

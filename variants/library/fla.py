@@ -2,7 +2,7 @@
 
 PyPI `fla-core` (the optional extra `fla-core`), its chunkwise kernels `chunk_retention`,
 `chunk_gla`, `chunk_simple_gla` (Mamba2's SSD core: a scalar log-decay per head and token),
-`chunk_delta_rule` and `chunk_gated_delta_rule` (Yang et al.,
+`chunk_delta_rule`, `chunk_gated_delta_rule` and `chunk_kda` (Yang et al.,
 https://github.com/fla-org/flash-linear-attention). Each is a variant of family
 `recurrent` computing what ours computes: the same recurrence, the same s = D^-1/2 (fla's
 default scale), the same inputs (our `g` is fla's per-token log-decay, our `beta` its
@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 
 from ..core import NoParams, register
-from ..recurrent import GLA, DeltaNet, GatedDeltaNet, Mamba2, Retention
+from ..recurrent import GLA, DeltaNet, GatedDeltaNet, KimiDeltaAttention, Mamba2, Retention
 
 
 def _missing() -> list[str]:
@@ -114,3 +114,16 @@ class GatedDeltaNetFla(_Fla, GatedDeltaNet):
     def kernel(self, q, k, v, g, beta):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         return chunk_gated_delta_rule(q, k, v, g, beta)
+
+
+@register
+class KimiDeltaAttentionFla(_Fla, KimiDeltaAttention):
+    """fla's chunk_kda: Kimi Delta Attention, a per-channel log-decay g and beta."""
+    name = "kda_fla"
+
+    def flops(self, B, H, N, D, causal=False):
+        return KimiDeltaAttention().flops(B, H, N, D, causal)
+
+    def kernel(self, q, k, v, g, beta):
+        from fla.ops.kda import chunk_kda
+        return chunk_kda(q, k, v, g, beta)

@@ -6,6 +6,8 @@ with a forget gate (a decay) and/or the delta rule (erase, then write); o_t = D^
 - `mamba2`: Mamba2's SSD core (Dao & Gu 2024, arXiv:2405.21060), a decay per head and token.
 - `deltanet`: the delta rule (Schlag et al. 2021; Yang et al. 2024, arXiv:2406.06484).
 - `gated_deltanet`: Gated DeltaNet (Yang, Kautz, Hatamizadeh 2025, arXiv:2412.06464).
+- `kda`: Kimi Delta Attention (Kimi Linear, arXiv:2510.26692), the delta rule after a decay
+  per channel.
 
 `reference.py` is the plain form: the sequential recurrence (the float64 reference these
 variants' error is measured against: they approximate no softmax) and the dense weights;
@@ -14,8 +16,9 @@ the declared inputs `g` and `beta` and the papers' initialisation the benchmark 
 from; `recurrent.py` the variants. Imports: `variants.core` only.
 """
 
-from .recurrent import GLA, DeltaNet, GatedDeltaNet, Mamba2, Recurrent, Retention
+from .recurrent import (GLA, DeltaNet, GatedDeltaNet, KimiDeltaAttention, Mamba2, Recurrent,
+                        Retention)
 from .reference import dense_weights, recurrence
 
-__all__ = ["DeltaNet", "GLA", "GatedDeltaNet", "Mamba2", "Recurrent", "Retention",
-           "dense_weights", "recurrence"]
+__all__ = ["DeltaNet", "GLA", "GatedDeltaNet", "KimiDeltaAttention", "Mamba2", "Recurrent",
+           "Retention", "dense_weights", "recurrence"]

@@ -109,15 +109,21 @@ def chunk_channel_gate(q, k, v, g, C: int, sub: int) -> torch.Tensor:
     nc = n // C
     s = D ** -0.5
     last = b[..., -1:, :]  # (B, H, nc, 1, D): each chunk's total log-decay, <= 0
-    if float(-last.detach().min()) <= GLA_ONE_MATMUL_SPAN:  # one sync: which form
-        att = ((qc * b.exp()) @ (kc * (-b).exp()).transpose(-1, -2))
-        att = att.masked_fill(~_lower(C, q.device), 0.0)  # (B, H, nc, C, C)
-    else:
-        att = _channel_scores_by_sub_chunk(qc, kc, b, sub)
+    att = _channel_scores(qc, kc, b, sub, float(-last.detach().min()))  # one sync
     U = (kc * (last - b).exp()).transpose(-1, -2) @ vc  # (B, H, nc, D, D)
     S0 = _scan(last.exp().transpose(-1, -2), U)
     o = att @ vc + (qc * b.exp()) @ S0
     return (s * o).reshape(B, H, n, D)[:, :, :N]
+
+
+def _channel_scores(xc, kc, b, sub: int, span: float) -> torch.Tensor:
+    """Σ_d x_td k_jd exp(b_td - b_jd) for j <= t, else 0, (B, H, nc, C, C): one matmul
+    against the chunk's start where the chunk's decay `span` (nats) allows, else by
+    sub-chunks."""
+    if span <= GLA_ONE_MATMUL_SPAN:
+        att = (xc * b.exp()) @ (kc * (-b).exp()).transpose(-1, -2)
+        return att.masked_fill(~_lower(xc.shape[-2], xc.device), 0.0)
+    return _channel_scores_by_sub_chunk(xc, kc, b, sub)
 
 
 def _channel_scores_by_sub_chunk(qc, kc, b, sub: int) -> torch.Tensor:
@@ -185,4 +191,37 @@ def chunk_delta(q, k, v, beta, g, C: int) -> torch.Tensor:
         out.append(q_c @ S + a_c @ u)
         S = S if d_c is None else d_c * S
         S = S + k_c.transpose(-1, -2) @ u
+    return (s * torch.stack(out, dim=2)).reshape(B, H, n, D)[:, :, :N]
+
+
+def chunk_delta_channel(q, k, v, beta, g, C: int, sub: int) -> torch.Tensor:
+    """Kimi Delta Attention: the delta rule after a per-channel decay, g (B, H, N, D), beta
+    (B, H, N); q, k already L2-normalised. The UT form with GLA's per-channel scores:
+    A = tril(diag(β) [Σ_d k_td k_jd e^{b_td - b_jd}], -1), W = T (K ⊙ e^b), Ũ = T V, and
+    per chunk U = Ũ - W S0, o = s [(Q ⊙ e^b) S0 + P U], S_C = Diag(e^{b_C}) S0 +
+    (K ⊙ e^{b_C - b})^T U, P_tj = Σ_d q_td k_jd e^{b_td - b_jd} (j <= t). -> o (B, H, N, D)."""
+    B, H, N, D = q.shape
+    C = chunk_length(N, C, sub)
+    sub = min(sub, C)
+    n = -(-N // C) * C
+    qc, kc, vc = (_chunks(_pad(t, n), C) for t in (q, k, v))  # (B, H, nc, C, D)
+    bc = _chunks(_pad(beta, n), C)  # (B, H, nc, C)
+    b = _chunks(_pad(g, n), C).cumsum(-2)  # (B, H, nc, C, D)
+    s = D ** -0.5
+    last = b[..., -1:, :]  # (B, H, nc, 1, D)
+    span = float(-last.detach().min())  # one sync: which form the scores take
+    a = bc[..., :, None] * _channel_scores(kc, kc, b, sub, span).tril(-1)
+    rhs = bc[..., None] * torch.cat([vc, kc * b.exp()], dim=-1)  # diag(β) [V | K ⊙ e^b]
+    x = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+    u_t, w = x[..., :D].contiguous(), x[..., D:].contiguous()
+    att = _channel_scores(qc, kc, b, sub, span)  # P
+    qe, kd = qc * b.exp(), kc * (last - b).exp()
+    decay = last.exp().transpose(-1, -2)  # (B, H, nc, D, 1): the state's rows
+    S = q.new_zeros(B, H, D, D)
+    out = []
+    for u_c, w_c, q_c, a_c, k_c, d_c in zip(u_t.unbind(2), w.unbind(2), qe.unbind(2),
+                                             att.unbind(2), kd.unbind(2), decay.unbind(2)):
+        u = u_c - w_c @ S
+        out.append(q_c @ S + a_c @ u)
+        S = d_c * S + k_c.transpose(-1, -2) @ u
     return (s * torch.stack(out, dim=2)).reshape(B, H, n, D)[:, :, :N]

@@ -8,7 +8,10 @@ initialisation, applied to a projection output x ~ N(0, 1) per token.
   -exp(A_log) softplus(x + dt_bias), A = exp(A_log) ~ U(1, 16) per head and
   dt_bias = softplus^-1(dt), dt = exp(U(log 1e-3, log 1e-1)) per head (mamba_ssm's
   Mamba2 defaults `A_init_range` and `dt_min`, `dt_max`), all drawn from the seed.
-- `beta` (DeltaNet, Gated DeltaNet): sigmoid(x).
+- `g` per channel (Kimi Delta Attention, fla's KimiDeltaAttention layer):
+  -exp(A_log) softplus(x + dt_bias), A = exp(A_log) ~ U(1, 16) per head, dt_bias =
+  softplus^-1(dt) with dt ~ logU(1e-3, 1e-1) per channel.
+- `beta` (DeltaNet, Gated DeltaNet, KDA): sigmoid(x).
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ def _mamba2_gate(gen: torch.Generator, B: int, H: int, N: int, D: int) -> torch.
     return -A_log.exp()[:, None] * F.softplus(x + dt_bias[:, None])
 
 
+def _kda_gate(gen: torch.Generator, B: int, H: int, N: int, D: int) -> torch.Tensor:
+    A = torch.empty(H).uniform_(1, 16, generator=gen)
+    dt = torch.exp(torch.empty(H, D).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+    dt_bias = dt + torch.log(-torch.expm1(-dt))  # (H, D)
+    x = torch.randn(B, H, N, D, generator=gen)
+    return -A[:, None, None] * F.softplus(x + dt_bias[:, None, :])
+
+
 def _beta(gen: torch.Generator, B: int, H: int, N: int, D: int) -> torch.Tensor:
     return torch.sigmoid(torch.randn(B, H, N, generator=gen))
 
@@ -49,5 +60,9 @@ GATE_HEAD = InputSpec("g", ("B", "H", "N"), None, 0.0,
                       "-exp(A_log) softplus(x + dt_bias), x ~ N(0, 1), A ~ U(1, 16), "
                       "dt ~ logU(1e-3, 1e-1) per head (Mamba2's decay)", _mamba2_gate,
                       doc="log-decay per head", layer="mamba2_decay")
+GATE_KDA = InputSpec("g", ("B", "H", "N", "D"), None, 0.0,
+                     "-exp(A_log) softplus(x + dt_bias), x ~ N(0, 1), A ~ U(1, 16) per head, "
+                     "dt ~ logU(1e-3, 1e-1) per channel (KDA's gate)", _kda_gate,
+                     doc="log-decay per key channel", layer="kda_gate")
 BETA = InputSpec("beta", ("B", "H", "N"), 0.0, 1.0, "sigmoid(x), x ~ N(0, 1)", _beta,
                  open_low=True, open_high=True, doc="write strength", layer="sigmoid")

@@ -1,4 +1,4 @@
-"""The five gated linear recurrences: retention, gla, mamba2, deltanet, gated_deltanet.
+"""The gated linear recurrences: retention, gla, mamba2, deltanet, gated_deltanet, kda.
 
 Each is `S_t = (gate, erase) S_{t-1} + write`, o_t = D^-1/2 q_t S_t (`reference.py` has the
 sequential form and the dense weights, `chunked.py` the chunkwise kernels). Causal only.
@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from ..core import Variant, compute_dtype, param, register
-from .chunked import chunk_channel_gate, chunk_delta, chunk_length, chunk_scalar_gate
+from .chunked import (chunk_channel_gate, chunk_delta, chunk_delta_channel, chunk_length,
+                      chunk_scalar_gate)
 from .decoding import RecurrentDecoding
-from .gates import BETA, GATE_CHANNEL, GATE_HEAD
+from .gates import BETA, GATE_CHANNEL, GATE_HEAD, GATE_KDA
 from .reference import dense_weights, recurrence
 
 CAUSAL_ONLY = "a recurrence: causal only"
@@ -183,3 +184,20 @@ class GatedDeltaNet(Recurrent):
         return B * H * _delta_flops(N, self._c(N), D)
 
 
+
+
+@register
+class KimiDeltaAttention(Recurrent):
+    """Kimi Delta Attention: S_t = (I - β_t k_t^T k_t) Diag(exp g_t) S_{t-1} + β_t k_t^T v_t."""
+    name = "kda"
+    Params = GLAParams
+    paper = "https://arxiv.org/abs/2510.26692"
+    inputs = (GATE_KDA, BETA)
+    delta = True
+
+    def _chunked(self, q, k, v, g, beta):
+        return chunk_delta_channel(q, k, v, beta, g, self.params.chunk, self.params.sub_chunk)
+
+    def flops(self, B, H, N, D, causal=False):
+        C = chunk_length(N, self.params.chunk, self.params.sub_chunk)
+        return B * H * _delta_flops(N, C, D)

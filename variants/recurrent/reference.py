@@ -53,26 +53,31 @@ def dense_weights(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor | None = Non
 
     Scalar gate, no beta: s (Q K^T ⊙ Γ). Per-channel gate: W_ij = s Σ_d q_id k_jd
     exp(G_id - G_jd). Delta rule: the UT form over one chunk of length N,
-    s (tril(Q K^T) ⊙ Γ) (I + tril(diag(β) (K K^T ⊙ Γ), -1))^-1 diag(β).
+    s (tril(Q K^T) ⊙ Γ) (I + tril(diag(β) (K K^T ⊙ Γ), -1))^-1 diag(β), with the
+    per-channel products in place of Q K^T ⊙ Γ and K K^T ⊙ Γ for a per-channel gate (KDA).
     """
     B, H, N, D = q.shape
     s = D ** -0.5
     if g is not None and g.dim() == 4:  # per channel: one (N, N) decay matrix per channel
-        if beta is not None:
-            raise ValueError("dense_weights: the delta rule with a per-channel gate has no "
-                             "dense form here")
         lower = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
         G = g.cumsum(-2)
-        w = q.new_zeros(B, H, N, N)
+        qk, kk = q.new_zeros(B, H, N, N), q.new_zeros(B, H, N, N)
         for d in range(D):
             gam = (G[..., :, None, d] - G[..., None, :, d]).masked_fill(~lower, float("-inf"))
-            w = w + q[..., :, None, d] * k[..., None, :, d] * gam.exp()
-        return s * w
-    gam = _decay_matrix(g, N, q)
-    qk = s * (q @ k.transpose(-1, -2)) * gam  # (B, H, N, N), lower triangular
-    if beta is None:
-        return qk
-    a = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * gam).tril(-1)
+            gam = gam.exp()
+            qk = qk + q[..., :, None, d] * k[..., None, :, d] * gam
+            if beta is not None:
+                kk = kk + k[..., :, None, d] * k[..., None, :, d] * gam
+        qk = s * qk
+        if beta is None:
+            return qk
+        a = (beta[..., :, None] * kk).tril(-1)
+    else:
+        gam = _decay_matrix(g, N, q)
+        qk = s * (q @ k.transpose(-1, -2)) * gam  # (B, H, N, N), lower triangular
+        if beta is None:
+            return qk
+        a = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * gam).tril(-1)
     eye = torch.eye(N, dtype=q.dtype, device=q.device)
     # W = qk (I + A)^-1 diag(β): solve X (I + A) = qk, a right (upper-form) solve.
     t = torch.linalg.solve_triangular(eye + a, qk, upper=False, left=False)
