@@ -16,7 +16,7 @@ import variants
 from harness.train import matrix as tm
 from harness.train.runner import skip_reasons
 
-LIBRARY = ("_flex", "_sdpa_mask", "_xformers")
+LIBRARY = ("_flex", "_sdpa_mask", "_xformers", "_fla")
 
 
 def _trainable(configs) -> dict[str, list]:
