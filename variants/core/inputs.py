@@ -81,11 +81,15 @@ class InputSpec:
 
 
 def _below(x: float, dtype: torch.dtype) -> float:
-    return float(torch.nextafter(torch.tensor(x, dtype=dtype), torch.tensor(-math.inf, dtype=dtype)))
+    """The largest number of `dtype` below x."""
+    inf = torch.tensor(-math.inf, dtype=dtype)
+    return float(torch.nextafter(torch.tensor(x, dtype=dtype), inf))
 
 
 def _above(x: float, dtype: torch.dtype) -> float:
-    return float(torch.nextafter(torch.tensor(x, dtype=dtype), torch.tensor(math.inf, dtype=dtype)))
+    """The smallest number of `dtype` above x."""
+    inf = torch.tensor(math.inf, dtype=dtype)
+    return float(torch.nextafter(torch.tensor(x, dtype=dtype), inf))
 
 
 def check_inputs(variant: str, specs: tuple[InputSpec, ...], q: torch.Tensor,

@@ -8,6 +8,7 @@ Accumulation dtype: float64 stays, everything else computes in float32 and casts
 from __future__ import annotations
 
 import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -49,25 +50,24 @@ class Recurrent(RecurrentDecoding, Variant):
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         return q, k, v, g, beta
 
+    def _in(self, q, k, v, inputs, ct) -> tuple:
+        """The terms in the compute dtype ct, cast before the L2 normalisation."""
+        return self._terms(q.to(ct), k.to(ct), v.to(ct),
+                           {n: t.to(ct) for n, t in inputs.items()})
+
     def attend(self, q, k, v, causal, **inputs):
-        dtype, ct = q.dtype, compute_dtype(q.dtype)
-        q, k, v, g, beta = (None if t is None else t.to(ct)
-                            for t in self._terms(q, k, v, inputs))
-        return self._chunked(q, k, v, g, beta).to(dtype)
+        dtype = q.dtype
+        return self._chunked(*self._in(q, k, v, inputs, compute_dtype(dtype))).to(dtype)
 
     def attention_weights(self, q, k, causal, **inputs):
-        dtype, ct = q.dtype, compute_dtype(q.dtype)
-        q, k, _, g, beta = (None if t is None else t.to(ct)
-                            for t in self._terms(q, k, k, inputs))
+        dtype = q.dtype
+        q, k, _, g, beta = self._in(q, k, k, inputs, compute_dtype(dtype))
         return dense_weights(q, k, g, beta).to(dtype)
 
     def reference(self, q, k, v, causal=True, **inputs) -> torch.Tensor:
         """The float64 sequential recurrence (`reference.recurrence`): what this variant's
         error is measured against (`err_ref` = recurrence)."""
-        q, k, v, g, beta = (None if t is None else t.double()
-                            for t in self._terms(q.double(), k.double(), v.double(),
-                                                 inputs))
-        return recurrence(q, k, v, g, beta)
+        return recurrence(*self._in(q, k, v, inputs, torch.float64))
 
     def state_size(self, N, D):
         return D * D
