@@ -4,8 +4,8 @@ step per token (the recurrence of `reference.py`, in the compute dtype).
 A prefill without the delta rule needs no step at all: with G the cumulative log-decay
 of a block of r tokens (G_r its total), S <- exp(G_r) S + sum_j exp(G_r - G_j) k_j^T v_j,
 per channel where the gate is per channel; each factor is at most 1 (g <= 0), so nothing
-overflows. The delta rule's erase depends on the state, so its prefill runs the recurrence
-token by token.
+overflows. The delta rule's erase depends on the state: its prefill takes blocks of 64
+tokens by the UT form (`_delta_block`), a triangular solve a block.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import torch
 
 from ..core import DecodeState, compute_dtype
 
-# Context tokens the decay-only prefill folds into the state at a time.
+# Context tokens the decay-only prefill folds into the state at a time, and the delta
+# rule's blocks (a triangular solve of this size each).
 _BLOCK = 4096
+_DELTA_BLOCK = 64
 
 
 @dataclasses.dataclass
@@ -47,9 +49,10 @@ class RecurrentDecoding:
     def decode_extend(self, state, k, v, **inputs):
         _, k, v, g, beta = _cast(self._terms(k, k, v, inputs), state.S.dtype)
         if beta is not None:
-            for t in range(k.shape[-2]):
-                _write(state.S, k[:, :, t], v[:, :, t], g[:, :, t] if g is not None else None,
-                       beta[:, :, t])
+            for s in range(0, k.shape[-2], _DELTA_BLOCK):
+                e = s + _DELTA_BLOCK
+                _delta_block(state.S, k[:, :, s:e], v[:, :, s:e], beta[:, :, s:e],
+                             None if g is None else g[:, :, s:e])
             return state
         for s in range(0, k.shape[-2], _BLOCK):
             kb, vb, gb = k[:, :, s:s + _BLOCK], v[:, :, s:s + _BLOCK], g[:, :, s:s + _BLOCK]
@@ -71,6 +74,24 @@ class RecurrentDecoding:
                None if beta is None else beta[:, :, 0])
         o = (q[:, :, 0, None, :] @ state.S) * q.shape[-1] ** -0.5  # (B, H, 1, Dv)
         return o.to(dtype), state
+
+
+def _delta_block(S, k, v, beta, g) -> None:
+    """r tokens of the delta rule into S (B, H, D, Dv), in place, by the UT form (Yang et
+    al. 2024): with G the block's cumulative log-decay (0 without a gate),
+    U = (I + tril(diag(β) (K K^T ⊙ Γ), -1))^-1 diag(β) (V - diag(exp G) K S),
+    Γ_ts = exp(G_t - G_s), and then S <- exp(G_r) S + (K ⊙ exp(G_r - G))^T U."""
+    r = k.shape[-2]
+    G = torch.zeros_like(beta) if g is None else g.cumsum(dim=-1)  # (B, H, r)
+    lower = torch.ones(r, r, dtype=torch.bool, device=k.device).tril(-1)
+    gam = (G[..., :, None] - G[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    a = beta[..., :, None] * (k @ k.transpose(-1, -2)) * gam  # (B, H, r, r), strictly lower
+    eye = torch.eye(r, dtype=k.dtype, device=k.device)
+    rhs = beta[..., None] * (v - G.exp()[..., None] * (k @ S))  # (B, H, r, Dv)
+    u = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
+    total = G[..., -1:]  # (B, H, 1)
+    S.mul_(total.exp()[..., None])
+    S.add_((k * (total - G).exp()[..., None]).transpose(-1, -2) @ u)
 
 
 def _write(S, k, v, g, beta) -> None:
