@@ -67,18 +67,26 @@ def _sequential(m, q, k, v, **ins):
     return recurrence(q2, k2, v2, g, beta)
 
 
-@pytest.mark.parametrize("name,low,high", [("gla", 0.7, 0.9), ("gla", 1.5, 4.5),
-                                           ("mamba2", 1.5, 4.5), ("gated_deltanet", 1.5, 4.5),
-                                           ("kda", 0.7, 0.9), ("kda", 1.5, 4.5)])
+# Per-channel decays (nats per token) that take each form of the per-channel scores: one
+# matmul per chunk (<= 58 over 64 tokens), by sub-chunks with one matmul within each (~90
+# per chunk, ~22 per sub-chunk), by sub-chunks with the (16, 16, D) decays (>= 80 per
+# sub-chunk).
+CHANNEL_FORMS = [(0.7, 0.9), (1.2, 1.6), (5.0, 8.0)]
+
+
+@pytest.mark.parametrize("name,low,high", [(n, lo, hi) for n in ("gla", "kda")
+                                           for lo, hi in CHANNEL_FORMS]
+                         + [("mamba2", 1.5, 4.5), ("gated_deltanet", 1.5, 4.5)])
 def test_strong_decays_stay_exact_and_finite(name, low, high):
     """Decays of 1.5 to 4.5 nats per token (e^-190 over a chunk): GLA's scores leave the
     one-matmul form for the sub-chunk form (at 0.7 to 0.9, up to 58 nats over a chunk, they
     keep it, near its limit), and every variant still matches the recurrence,
     float64 to 1e-10 and float32 within 2 e32 + 1e-6, with no overflow; except dg in
-    float32, held to 2e-5: the chunked form's dg_t is the sum over the chunk's later
+    float32, held to 2e-4: the chunked form's dg_t is the sum over the chunk's later
     positions of d/db, terms of both signs that cancel to the few pairs straddling t, and
-    with decays this strong their rounding is ~40 times the sequential form's (measured:
-    4e-6 against 1e-7; with the benchmark's gates the test above holds dg to 2 e32 + 1e-6)."""
+    with decays this strong their rounding exceeds the sequential form's 1e-7 (measured:
+    2e-6 to 4e-6 at 0.7 to 4.5 nats per token, 7.5e-5 at 5 to 8; with the benchmark's
+    gates the test above holds dg to 2 e32 + 1e-6)."""
     m, q, k, v, ins = case(name, 150)
     ins["g"] = -(high - low) * torch.rand(ins["g"].shape, dtype=torch.float64,
                                           generator=torch.Generator().manual_seed(2)) - low
@@ -90,7 +98,7 @@ def test_strong_decays_stay_exact_and_finite(name, low, high):
     base = _grads(lambda *a, **i: _sequential(m, *a, **i), q, k, v, ins, torch.float32, w)
     got = _grads(chunked, q, k, v, ins, torch.float32, w)
     for label, a, b, r in zip(_labels(ins), got, base, ref):
-        bound = 2e-5 if label == "dg" else 2 * _rel(b, r) + 1e-6
+        bound = 2e-4 if label == "dg" else 2 * _rel(b, r) + 1e-6
         assert torch.isfinite(a).all() and _rel(a, r) <= bound, (label, _rel(a, r))
 
 

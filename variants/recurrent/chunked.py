@@ -129,7 +129,8 @@ def _channel_scores(xc, kc, b, sub: int, span: float) -> torch.Tensor:
 def _channel_scores_by_sub_chunk(qc, kc, b, sub: int) -> torch.Tensor:
     """Σ_d q_td k_jd exp(b_td - b_jd) for j <= t, else 0, (B, H, nc, C, C), for any decay:
     earlier sub-chunks' keys against each query sub-chunk's start, the query's own
-    sub-chunk by its (sub, sub, D) decays."""
+    sub-chunk by one matmul against that start too where its decay allows, else by its
+    (sub, sub, D) decays (16 N D numbers, for decays above ~4 nats per token)."""
     B, H, nc, C, D = qc.shape
     ns = C // sub
     # Keys of earlier sub-chunks, scaled against each query sub-chunk's start r.
@@ -141,12 +142,16 @@ def _channel_scores_by_sub_chunk(qc, kc, b, sub: int) -> torch.Tensor:
     expo = (r - b[:, :, :, None]).masked_fill(~earlier[..., None], float("-inf"))
     k_r = kc[:, :, :, None] * expo.exp()  # (B, H, nc, ns, C, D), zero at later keys
     att = q_r @ k_r.transpose(-1, -2)  # (B, H, nc, ns, sub, C)
-    # Within a sub-chunk: the (sub, sub, D) decays themselves.
+    # Within a sub-chunk: one matmul against its start r where no channel decays by more
+    # than GLA_ONE_MATMUL_SPAN over the sub-chunk, else the (sub, sub, D) decays themselves.
     lower = _lower(sub, qc.device)
-    dd = (bs[..., :, None, :] - bs[..., None, :, :]).masked_fill(~lower[..., None],
-                                                                 float("-inf"))
     ks = kc.view(B, H, nc, ns, sub, D)
-    diag = (qc.view(B, H, nc, ns, sub, 1, D) * ks[..., None, :, :] * dd.exp()).sum(-1)
+    if float((r - bs[..., -1:, :]).detach().max()) <= GLA_ONE_MATMUL_SPAN:
+        diag = (q_r @ (ks * (r - bs).exp()).transpose(-1, -2)).masked_fill(~lower, 0.0)
+    else:
+        dd = (bs[..., :, None, :] - bs[..., None, :, :]).masked_fill(~lower[..., None],
+                                                                     float("-inf"))
+        diag = (qc.view(B, H, nc, ns, sub, 1, D) * ks[..., None, :, :] * dd.exp()).sum(-1)
     eye = torch.eye(ns, dtype=qc.dtype, device=qc.device)[:, None, :, None]  # (ns, 1, ns, 1)
     att = att.view(B, H, nc, ns, sub, ns, sub) + diag[..., None, :] * eye
     return att.reshape(B, H, nc, C, C)
