@@ -313,8 +313,8 @@ def accuracy_time_plot(df: pd.DataFrame, path: Path) -> Path:
 def budget_plot(df: pd.DataFrame, path: Path) -> Path:
     """1 - row_cos against the budget (keys_per_query over the keys a query could see: N,
     causal (N + 1) / 2), log-log, one line per variant through its settings; a panel per
-    input (rows) and (N, causal) (columns). This is where fixed patterns (a window, a
-    block layout) and content-routed selections (top-k blocks, pages, keys) meet.
+    (input, N, causal), three to a row. This is where fixed patterns (a window, a block
+    layout) and content-routed selections (top-k blocks, pages, keys) meet.
 
     df: ok forward rows with row_cos and keys_per_query, errors against softmax. A row
     within 1e-7 of exact is drawn at 1e-7.
@@ -325,31 +325,31 @@ def budget_plot(df: pd.DataFrame, path: Path) -> Path:
     full = np.where(df["causal"], (df["seq_len"] + 1) / 2, df["seq_len"])
     data = df.assign(budget=df["keys_per_query"] / full,
                      miss=np.maximum(1 - df["row_cos"], 1e-7), line=df["variant"])
-    inputs = sorted(data["input"].unique())
-    cols = sorted(set(zip(data["seq_len"], data["causal"])), key=lambda nc: (nc[1], nc[0]))
+    panels = sorted(set(zip(data["input"], data["seq_len"], data["causal"])),
+                    key=lambda p: (p[2], p[0], p[1]))
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
     palette, _, markers = _styles(data)
-    w, h = grid_size_px(len(inputs), len(cols))
+    w, h = grid_size_px(nrows, ncols)
     fig = _new_figure(w / DPI, h / DPI)
-    axes = fig.subplots(len(inputs), len(cols), squeeze=False, sharex=True)
-    for r, inp in enumerate(inputs):
-        for c, (n, causal) in enumerate(cols):
-            ax = axes[r][c]
-            sub = data[(data["input"] == inp) & (data["seq_len"] == n)
-                       & (data["causal"] == causal)].sort_values("budget")
-            if sub.empty:
-                ax.set_axis_off()
-                continue
-            sns.lineplot(data=sub, x="budget", y="miss", hue="line", style="line",
-                         palette=palette, dashes=False, markers=markers, markersize=5,
-                         legend=False, ax=ax, errorbar=None, sort=False)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.yaxis.set_minor_locator(NullLocator())
-            ax.set_title(f"{inp} · N = {n}{' · causal' if causal else ''}", fontsize=9)
-            ax.set_xlabel("keys per query / keys it could see")
-            ax.set_ylabel("1 - row cosine" if c == 0 else "")
-            ax.grid(True, which="major", alpha=0.3)
-    _adjust(fig, len(inputs), len(cols))
-    _legend(fig, palette, len(cols), markers=markers)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True).flatten()
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
+    for i, (ax, (inp, n, causal)) in enumerate(zip(axes, panels)):
+        sub = data[(data["input"] == inp) & (data["seq_len"] == n)
+                   & (data["causal"] == causal)].sort_values("budget")
+        sns.lineplot(data=sub, x="budget", y="miss", hue="line", style="line",
+                     palette=palette, dashes=False, markers=markers, markersize=5,
+                     legend=False, ax=ax, errorbar=None, sort=False)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.set_title(f"{inp} · N = {n}{' · causal' if causal else ''}", fontsize=9)
+        ax.set_xlabel("keys per query / keys it could see")
+        ax.set_ylabel("1 - row cosine" if i % ncols == 0 else "")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.tick_params(axis="x", labelbottom=True)
+    _adjust(fig, nrows, ncols)
+    _legend(fig, palette, ncols, markers=markers)
     return _save(fig, path)

@@ -52,8 +52,16 @@ def _tile_rows(N: int, kk: int, nb: int) -> int:
     return max(1, min(N, max(_TILE_PAIRS // kk, 2 * _CHUNK * nb // kk)))
 
 
-def _plan(sel_t: torch.Tensor, nb: int, first_masked: int) -> tuple:
-    """A tile's chunks from its queries' selection sel_t (T, kk): (rows, blk, a).
+def _chunk_rows(T: int, kk: int, nb: int) -> int:
+    """Rows per chunk: _CHUNK, or fewer where a tile's blocks average fewer queries (a
+    short sequence of small blocks), so that padding does not outweigh the work: the
+    power of two at or above the mean, at least 8."""
+    mean = max(1, T * kk // nb)
+    return min(_CHUNK, max(8, 1 << (mean - 1).bit_length()))
+
+
+def _plan(sel_t: torch.Tensor, nb: int, first_masked: int, C: int) -> tuple:
+    """A tile's chunks of C rows from its queries' selection sel_t (T, kk): (rows, blk, a).
 
     rows (n C,): each chunk slot's query (local index; T, a zero row, pads a chunk);
     blk (n,): each chunk's key block, ascending; a: the first chunk whose block is
@@ -65,12 +73,12 @@ def _plan(sel_t: torch.Tensor, nb: int, first_masked: int) -> tuple:
     hit.scatter_(0, st.masked_fill(st < 0, nb), True)  # -1 lands in the spare row
     blk_of, i = hit[:nb].nonzero(as_tuple=True)  # by block, then query
     cnt = torch.bincount(blk_of, minlength=nb)
-    nch = (cnt + _CHUNK - 1) // _CHUNK
+    nch = (cnt + C - 1) // C
     first = nch.cumsum(0) - nch  # each block's first chunk
     total = int(nch.sum())
     pos = torch.arange(len(i), device=i.device) - (cnt.cumsum(0) - cnt)[blk_of]
-    rows = torch.full((total * _CHUNK,), T, dtype=torch.long, device=i.device)
-    rows[first[blk_of] * _CHUNK + pos] = i
+    rows = torch.full((total * C,), T, dtype=torch.long, device=i.device)
+    rows[first[blk_of] * C + pos] = i
     blk = torch.repeat_interleave(torch.arange(nb, device=i.device), nch)
     a = int(first[first_masked]) if first_masked < nb else total
     return rows, blk, a
@@ -83,7 +91,7 @@ def _mask(sc: torch.Tensor, blk: torch.Tensor, rows: torch.Tensor, s0: int, b: i
     ktok = blk[:, None, None] * b + torch.arange(b, device=sc.device)  # (n, 1, b)
     drop = ktok >= N
     if causal:
-        drop = drop | (ktok > (rows + s0).view(-1, _CHUNK, 1))
+        drop = drop | (ktok > (rows + s0).view(-1, sc.shape[1], 1))
     sc.masked_fill_(drop, float("-inf"))
 
 
@@ -97,7 +105,8 @@ class _Layout:
         self.kk = sel.shape[-1]
         self.sel = sel.reshape(self.BH, N, self.kk)
         self.T = _tile_rows(N, self.kk, self.nb)
-        self.steps = max(1, _STEP_BYTES // (_CHUNK * b * 4))  # chunks a step
+        self.C = _chunk_rows(self.T, self.kk, self.nb)
+        self.steps = max(1, _STEP_BYTES // (self.C * b * 4))  # chunks a step
 
     def tiles(self):
         """(bh, s0, Tn, rows, blk, a) for each slice and tile of queries [s0, s0 + Tn)."""
@@ -107,7 +116,7 @@ class _Layout:
                 Tn = min(self.T, self.N - s0)
                 first = min(self.nb - 1 if partial else self.nb,
                             s0 // self.b if self.causal else self.nb)
-                yield (bh, s0, Tn) + _plan(self.sel[bh, s0:s0 + Tn], self.nb, first)
+                yield (bh, s0, Tn) + _plan(self.sel[bh, s0:s0 + Tn], self.nb, first, self.C)
 
     def blocks(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, N, D) -> zero-padded key blocks (B H, nb, b D), contiguous."""
@@ -130,7 +139,7 @@ class _RoutedRows(torch.autograd.Function):
         dtype = q.dtype
         cd = compute_dtype(dtype)  # bfloat16 runs in float32: the merge needs its range
         lay = _Layout(q, sel, b, causal)
-        BH, N, D, C = lay.BH, lay.N, lay.D, _CHUNK
+        BH, N, D, C = lay.BH, lay.N, lay.D, lay.C
         qs = (q.to(cd) * softmax_scale(D)).reshape(BH, N, D)
         kb, vb = lay.blocks(k.to(cd)), lay.blocks(v.to(cd))
         out = torch.empty(BH, N, D, dtype=cd, device=q.device)
@@ -175,7 +184,7 @@ class _RoutedRows(torch.autograd.Function):
         qs, kb, vb, out, lse, sel = ctx.saved_tensors
         b, causal = ctx.b, ctx.causal
         lay = _Layout(qs.view(ctx.shape), sel, b, causal)
-        BH, N, D, C, nb = lay.BH, lay.N, lay.D, _CHUNK, lay.nb
+        BH, N, D, C, nb = lay.BH, lay.N, lay.D, lay.C, lay.nb
         cd = qs.dtype
         dout = dout.to(cd).reshape(BH, N, D)
         delta = torch.linalg.vecdot(dout, out).unsqueeze(-1)  # (B H, N, 1): rowsum(dO o)
