@@ -153,3 +153,19 @@ def test_the_answers_name_the_fastest_decoder_and_the_fastest_that_recalls():
     assert list(tables[1]["fastest decoder"]) == ["sliding_window", "sliding_window"]
     assert list(tables[1]["× faster"]) == ["1.3", "25.0"]  # against sdpa's 0.2 and 3.0 ms
     assert len(generation.answers_lines(dec)) == 3  # no train.csv: no recall line
+
+
+def test_a_sparse_decoder_reads_its_chosen_blocks_not_its_cache():
+    """decode_read_size: the whole state for a dense reader; MoBA top_k blocks of b keys and
+    values plus one mean per block; BigBird's row blocks of its layout."""
+    D, N = 64, 65536
+    assert variants.build("sdpa").decode_read_size(N, D) == 2 * N * D
+    assert variants.build("mamba2").decode_read_size(N, D) == D * D
+    moba = variants.build("moba", block_size=64, top_k=3)
+    assert moba.decode_read_size(N, D) == (N // 64) * D + 2 * 3 * 64 * D
+    quest = variants.build("quest", page_size=16, top_k=12)
+    assert quest.decode_read_size(N, D) == 2 * (N // 16) * D + 2 * 12 * 16 * D
+    bs = variants.build("block_sparse")  # 1 window block each side, 2 global, 3 random
+    per_row = float(bs.layout(N).sum(dim=1, dtype=torch.float64).mean())
+    assert 6 <= per_row <= 2 * 1 + 1 + 2 * 2 + 3  # global columns and rows, the band
+    assert bs.decode_read_size(N, D) == int(2 * per_row * 64 * D)

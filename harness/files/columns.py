@@ -29,7 +29,8 @@ REFERENCE_CEILINGS = ("topk",)
 # (a KV cache 2 N D per head, a window 2 (w + 1) D, a recurrence D^2). Pass `decode` rows:
 # time_ms is per generated token at context seq_len, decode_tokens the tokens generated,
 # prefill_ms the context's prefill, decode_state_mib the decoding state's bytes at N
-# (state_nbytes); flops and gflops_per_s are empty there.
+# (state_nbytes), decode_read_mib what one step reads of it (all of it, or a sparse
+# decoder's chosen blocks); flops and gflops_per_s are empty there.
 # `err_ref`: what rel_err, max_abs_err and row_cos were measured against: `softmax` (float64
 # exact attention) or `recurrence` (the variant's own float64 sequential recurrence: gated
 # recurrences approximate no softmax); a run folder written before the column reads as
@@ -40,7 +41,8 @@ RESULT_COLUMNS = [
     "time_ms_iqr", "repeats", "rounds", "time_ms_spread", "peak_mem_mib", "state_mib", "rel_err",
     "max_abs_err", "err_rows",
     "row_cos", "err_ref", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed",
-    "state_size", "decode_tokens", "prefill_ms", "decode_state_mib", "keys_per_query"]
+    "state_size", "decode_tokens", "prefill_ms", "decode_state_mib", "keys_per_query",
+    "decode_read_mib"]
 # keys_per_query: the mean number of keys a query attends to at this length and causal flag
 # (variants' `keys_per_query`: N for exact attention, (N + 1) / 2 causal; a window, a
 # block layout, top-k blocks, pages or keys: theirs), the budget on which sparse patterns,

@@ -141,6 +141,13 @@ def _steps(module, state, q, k, v, inputs, mark):
     return run
 
 
+def _read_mib(case, module, dtype) -> float | None:
+    """MiB a step reads at context N (`decode_read_size`), batch and heads included."""
+    size = module.decode_read_size(case.seq_len, case.head_dim)
+    return None if size is None else (case.batch * case.heads * size
+                                      * torch.finfo(dtype).bits // 8 / memory.MIB)
+
+
 def measure(case, module, device, part: str) -> dict:
     """One part ("memory", "time", "retime") of a decode case: result fields."""
     dtype = getattr(torch, case.dtype)
@@ -175,7 +182,8 @@ def measure(case, module, device, part: str) -> dict:
             fields = {"rel_err": err.rel_err, "max_abs_err": err.max_abs_err,
                       "err_rows": err.err_rows, "row_cos": err.row_cos,
                       "prefill_ms": prefill_s * 1e3,
-                      "decode_state_mib": module.state_nbytes(state) / memory.MIB}
+                      "decode_state_mib": module.state_nbytes(state) / memory.MIB,
+                      "decode_read_mib": _read_mib(case, module, dtype)}
         t = timing.time_call(run, min_run_time=case.min_run_time_s / case.rounds,
                              min_repeats=-(-case.min_repeats // case.rounds), warmup=0,
                              call_s=call_s, device=device)

@@ -270,6 +270,12 @@ class Variant(torch.nn.Module):
     def decode_extend(self, state, k, v, **inputs) -> DecodeState:
         raise NotImplementedError(f"{self.name} prefills its context in one call only")
 
+    def decode_read_size(self, N: int, D: int) -> int | None:
+        """Elements a decoding step reads per (batch, head) at context N: the whole state
+        (`state_size`) unless the variant reads only part of it (a sparse decoder's
+        chosen blocks)."""
+        return self.state_size(N, D)
+
     def state_nbytes(self, state: DecodeState) -> int:
         """Bytes the decoding state holds (its preallocated tensors)."""
         return state.nbytes()

@@ -48,6 +48,10 @@ class RecurrentDecoding:
 
     def decode_extend(self, state, k, v, **inputs):
         _, k, v, g, beta = _cast(self._terms(k, k, v, inputs), state.S.dtype)
+        if beta is not None and g is not None and g.dim() == 4:  # a decay per channel
+            for t in range(k.shape[-2]):
+                _write(state.S, k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t])
+            return state
         if beta is not None:
             for s in range(0, k.shape[-2], _DELTA_BLOCK):
                 e = s + _DELTA_BLOCK

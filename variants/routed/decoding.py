@@ -42,6 +42,12 @@ class BlockDecoding:
     """Mixed into `BlockRouted`; `block_stat` says what a block keeps: "sum" or "bounds"."""
     block_stat: ClassVar[str] = "sum"
 
+    def decode_read_size(self, N, D):
+        """A step reads the statistics of every block and the keys and values of kk."""
+        b, nb = self.block, block_count(N, self.block)
+        kk = min(self.params.top_k, nb)
+        return nb * D * (1 if self.block_stat == "sum" else 2) + 2 * min(kk * b, N) * D
+
     def decode_prefill(self, k, v, max_len):
         B, H, N, D = k.shape
         nb = block_count(max_len, self.block)

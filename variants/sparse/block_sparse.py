@@ -148,6 +148,12 @@ class BlockSparse(Variant):
     def state_size(self, N, D):
         return 2 * N * D  # random and global blocks reach any past key: the whole cache
 
+    def decode_read_size(self, N, D):
+        """A step reads the keys and values of its row block's layout: the mean over row
+        blocks of their key blocks, b tokens each."""
+        per_row = float(self._layout(N).sum(dim=1, dtype=torch.float64).mean())
+        return int(2 * min(per_row * self.params.block_size, N) * D)
+
     def decode_prefill(self, k, v, max_len):
         # The layout is the one of the whole sequence's length (its random blocks are
         # drawn for it); the new row attends to its row block's key blocks, j <= i.
