@@ -42,9 +42,9 @@ import shutil
 
 import torch
 
-from ..core import KeyMask, Variant, register
+from ..core import Variant, register
+from ..sliding_window import SameBand, in_band
 from ..sparse import SameLayout
-from ..sliding_window import SlidingWindowParams, band_keys, band_mask, in_band, window_covers
 
 PAPER = "https://arxiv.org/abs/2412.05496"
 # Block size of the sliding-window BlockMask: flex_attention's default tile.
@@ -232,23 +232,9 @@ class _Flex(Variant):
 
 
 @register
-class SlidingWindowFlex(_Flex):
+class SlidingWindowFlex(SameBand, _Flex):
     """Sliding-window attention |i - j| <= window by compiled FlexAttention (BlockMask)."""
     name = "sliding_window_flex"
-    family = "sliding_window"
-    Params = SlidingWindowParams
-
-    def key_mask(self, seq_len: int) -> KeyMask:
-        return band_mask(self.params.window)
-
-    def state_size(self, N, D):
-        return 2 * min(self.params.window + 1, N) * D  # as sliding_window's window cache
-
-    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
-        return window_covers(self.params.window, seq_len)
-
-    def keys_per_query(self, N: int, causal: bool = False) -> float:
-        return band_keys(self.params.window, N, causal)
 
     def _allows(self, N, device):
         # A tensor, not an int: dynamo would specialise the kernel on the int's value.

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..core import KeyMask, Variant, register
+from ..core import Variant, register
+from ..sliding_window import SameBand
 from ..sparse import SameLayout
-from ..sliding_window import SlidingWindowParams, band_keys, band_mask, window_covers
 
 # (query, key) pairs per block of mask rows: int64 temporaries of 32 MiB at most.
 _BLOCK_PAIRS = 2**22
@@ -75,23 +75,9 @@ class _SDPAMask(Variant):
 
 
 @register
-class SlidingWindowSDPAMask(_SDPAMask):
+class SlidingWindowSDPAMask(SameBand, _SDPAMask):
     """Sliding-window attention by SDPA with an explicit bool N x N band mask."""
     name = "sliding_window_sdpa_mask"
-    family = "sliding_window"
-    Params = SlidingWindowParams
-
-    def key_mask(self, seq_len: int) -> KeyMask:
-        return band_mask(self.params.window)
-
-    def state_size(self, N, D):
-        return 2 * min(self.params.window + 1, N) * D  # as sliding_window's window cache
-
-    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
-        return window_covers(self.params.window, seq_len)
-
-    def keys_per_query(self, N: int, causal: bool = False) -> float:
-        return band_keys(self.params.window, N, causal)
 
 
 @register

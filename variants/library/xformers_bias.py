@@ -17,9 +17,9 @@ N x N baseline again (that is `block_sparse_sdpa_mask`).
 from __future__ import annotations
 
 
-from ..core import KeyMask, Variant, register
+from ..core import Variant, register
 from ..exact import xformers_reasons
-from ..sliding_window import SlidingWindowParams, band_keys, band_mask, window_covers
+from ..sliding_window import SameBand
 
 
 def window_bias(window: int, causal: bool):
@@ -32,27 +32,13 @@ def window_bias(window: int, causal: bool):
 
 
 @register
-class SlidingWindowXFormers(Variant):
+class SlidingWindowXFormers(SameBand, Variant):
     """Sliding-window attention by xformers memory_efficient_attention with a local bias (CUDA)."""
     name = "sliding_window_xformers"
-    family = "sliding_window"
-    Params = SlidingWindowParams
     paper = "https://arxiv.org/abs/2112.05682"
 
     def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
         return xformers_reasons(device, dtype)
-
-    def key_mask(self, seq_len: int) -> KeyMask:
-        return band_mask(self.params.window)
-
-    def state_size(self, N, D):
-        return 2 * min(self.params.window + 1, N) * D  # as sliding_window's window cache
-
-    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
-        return window_covers(self.params.window, seq_len)
-
-    def keys_per_query(self, N: int, causal: bool = False) -> float:
-        return band_keys(self.params.window, N, causal)
 
     def flops(self, B, H, N, D, causal=False):
         """4 D per (query, key) pair in the band (the kernel's tiles add some, uncounted)."""

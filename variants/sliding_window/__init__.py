@@ -7,10 +7,10 @@ plain form is softmax under `band_mask` (the variant's `weights`). The band geom
 public: band_lowrank and the library kernels build on it. Imports: `variants.core` only.
 """
 
-from .sliding_window import (MaskCache, SlidingWindow, SlidingWindowParams, band_drop_mask,
+from .sliding_window import (MaskCache, SameBand, SlidingWindow, SlidingWindowParams, band_drop_mask,
                              band_keys, band_mask, band_span, band_views, chunk_rows, group_chunks,
                              in_band, mask_runs, window_covers)
 
-__all__ = ["MaskCache", "SlidingWindow", "SlidingWindowParams", "band_drop_mask",
+__all__ = ["MaskCache", "SameBand", "SlidingWindow", "SlidingWindowParams", "band_drop_mask",
            "band_keys", "band_mask", "band_span", "band_views", "chunk_rows", "group_chunks", "in_band",
            "mask_runs", "window_covers"]

@@ -138,6 +138,26 @@ class MaskCache:
         return self._masks[key]
 
 
+class SameBand:
+    """Mixin of another library's implementation of the band: sliding_window's parameters,
+    its key pattern, exactness, state and budget. List it before the implementation's
+    base class."""
+    family = "sliding_window"
+    Params = SlidingWindowParams
+
+    def key_mask(self, seq_len: int) -> KeyMask:
+        return band_mask(self.params.window)
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        return window_covers(self.params.window, seq_len)
+
+    def state_size(self, N, D):
+        return 2 * min(self.params.window + 1, N) * D  # the window's keys and values
+
+    def keys_per_query(self, N: int, causal: bool = False) -> float:
+        return band_keys(self.params.window, N, causal)
+
+
 @register
 class SlidingWindow(Variant):
     """Exact softmax attention restricted to a band |i - j| <= window (Longformer's local part)."""
