@@ -5,7 +5,7 @@ on a tiny model), so every reported number has a known answer.
 
 Planted bugs these catch (issue 25, item 5): held-out accuracy measured on the training
 set; accuracy over every position instead of the scored ones; steps_to_0_9 off (the best
-step, the step after, a strict > 0.9); the best accuracy or its step not the best
+step, the step after, a strict > 0.9); the held-out set drawn from the training seed; the best accuracy or its step not the best
 evaluation's; an early stop not taken or taken below early_stop; the warm-up off by one
 or the cosine not reaching 0 at max_steps; best_lr chosen by training loss or by the
 last rate; the sweep going on after a rate reached early_stop.
@@ -13,6 +13,7 @@ last rate; the sweep going on after a rate reached early_stop.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from harness.train import runner as train_runner
-from harness.train import trainer
+from harness.train import tasks, trainer
 from harness.train.matrix import TrainConfig
 from harness.train.tasks import IGNORE
 
@@ -163,3 +164,18 @@ def test_the_sweep_stops_at_the_first_rate_that_reaches_early_stop():
     s = _Sweeper([0.5, 0.94, 0.6, 0.7])
     row = train_runner.train_config(cfg, s)
     assert s.lrs == [1e-3, 3e-3, 1e-2, 3e-2] and row["best_lr"] == 3e-3
+
+
+def test_the_held_out_set_is_an_independent_draw():
+    """trainer's docstring: training set from seed 2 s, held-out from 2 s + 1. Drawn from
+    one seed, the held-out examples repeat the training examples' keys (the first draws of
+    one generator) even where their values differ, so no held-out example may share its
+    ordered keys with a training example (8 of 31 keys: a chance collision ~1e-11)."""
+    cfg = dataclasses.replace(_config(), task_params=json.dumps(
+        {"num_kv_pairs": 8, "power_a": 0.01, "random_non_queries": False}, sort_keys=True),
+        seq_len=64, vocab_size=64, train_examples=500, test_examples=200)
+    (train_x, _), (test_x, test_y) = trainer.datasets(cfg)
+    train_keys = {tuple(r) for r in train_x[:, 0:16:2].tolist()}
+    assert not any(tuple(r) in train_keys for r in test_x[:, 0:16:2].tolist())
+    want_x, want_y = tasks.mqar(200, 64, 64, 8, seed=2 * cfg.seed + 1)
+    assert torch.equal(test_x, want_x) and torch.equal(test_y, want_y)
