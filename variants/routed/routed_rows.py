@@ -2,17 +2,18 @@
 the kernel of `moba` and `quest` (q, k, v (B, H, N, D), a selection (B, H, N, kk) -> o).
 
 Gathering each query's kk blocks of b keys would hold N kk b D numbers. Instead the work
-goes per key block: for one (batch, head) slice and one tile of T queries, the queries
-that selected block j are listed (a scatter into a (nb, T) bool table and its `nonzero`,
-which comes out sorted by block: no sort) and cut into chunks of C rows, the last one
-padded with a zero query. A step takes a few dozen chunks: it gathers their query rows
-and key blocks, scores them with one batched matmul (n, C, b), masks only the chunks
-that need it (the partial last block's padding; causal, the blocks the tile's own
-queries sit in: they come last, blocks being in order), and keeps per (query, block)
-row its max m, sum l and unnormalised output o. The tile then merges each query's kk
-rows as online softmax does (Milakov & Gimelshein 2018): M = max m, L = sum l e^(m - M),
-o = sum o e^(m - M) / L, with a scatter-max and two index_adds. Memory is O(T kk D) a
-tile plus the O(N kk) selection; time O(N kk b D).
+goes per key block: for one tile of T queries (part of one (batch, head) slice, or at
+short lengths several whole slices, whose blocks are then numbered slice by slice), the
+queries that selected block j are listed (a scatter into a (slices, nb, Q) bool table
+and its `nonzero`, which comes out in block order: no sort) and cut into chunks of C rows,
+the last one padded with a zero query. A step takes a few dozen chunks: it gathers their
+query rows and key blocks, scores them with one batched matmul (n, C, b), masks only the
+chunks that need it (the partial last block's padding; causal, the blocks at or after the
+tile's first query, where a query's own block is), softmaxes in place and keeps per
+(query, block) row its log-sum-exp l and output o. The tile then merges each query's kk
+rows as online softmax does (Milakov & Gimelshein 2018): L = log sum e^l (a scatter-max
+first), o = sum o e^(l - L), with two index_adds. Memory is O(T kk D) a tile plus the
+O(N kk) selection; time O(N kk b D).
 
 Backward (FlashAttention's recomputation, Dao et al. 2022, Algorithm 4): the forward keeps
 q, k, v, the output and one log-sum-exp per query; the backward plans the tiles again
@@ -48,51 +49,65 @@ def routed_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _tile_rows(N: int, kk: int, nb: int) -> int:
     """Queries per tile: _TILE_PAIRS pairs, and at least two chunks' worth of queries per
-    block on average, so that the padding of each block's last chunk stays a small part."""
-    return max(1, min(N, max(_TILE_PAIRS // kk, 2 * _CHUNK * nb // kk)))
+    block on average, so that the padding of each block's last chunk stays a small part.
+    More than N: a tile takes several whole (batch, head) slices."""
+    return max(1, _TILE_PAIRS // kk, 2 * _CHUNK * nb // kk)
 
 
 def _chunk_rows(T: int, kk: int, nb: int) -> int:
-    """Rows per chunk: _CHUNK, or fewer where a tile's blocks average fewer queries (a
-    short sequence of small blocks), so that padding does not outweigh the work: the
-    power of two at or above the mean, at least 8."""
+    """Rows per chunk: _CHUNK, or fewer where a slice's blocks average fewer queries in a
+    tile (a short sequence of small blocks), so that padding does not outweigh the work:
+    the power of two at or above the mean, at least 8."""
     mean = max(1, T * kk // nb)
     return min(_CHUNK, max(8, 1 << (mean - 1).bit_length()))
 
 
-def _plan(sel_t: torch.Tensor, nb: int, first_masked: int, C: int) -> tuple:
-    """A tile's chunks of C rows from its queries' selection sel_t (T, kk): (rows, blk, a).
+def _plan(sel_t: torch.Tensor, nb: int, C: int) -> tuple:
+    """A tile's chunks of C rows from the selection sel_t (S, Q, kk) of its S slices' Q
+    queries each: (rows, grp).
 
-    rows (n C,): each chunk slot's query (local index; T, a zero row, pads a chunk);
-    blk (n,): each chunk's key block, ascending; a: the first chunk whose block is
-    >= first_masked (those need a mask).
+    rows (n C,): each chunk slot's query, an index into the tile's S Q queries (S Q, a
+    zero row, pads a chunk); grp (n,): each chunk's block, s nb + block for slice s of the
+    tile, ascending.
     """
-    T, kk = sel_t.shape
-    hit = torch.zeros(nb + 1, T, dtype=torch.bool, device=sel_t.device)
-    st = sel_t.t()
-    hit.scatter_(0, st.masked_fill(st < 0, nb), True)  # -1 lands in the spare row
-    blk_of, i = hit[:nb].nonzero(as_tuple=True)  # by block, then query
-    cnt = torch.bincount(blk_of, minlength=nb)
+    S, Q, kk = sel_t.shape
+    hit = torch.zeros(S, nb + 1, Q, dtype=torch.bool, device=sel_t.device)
+    st = sel_t.transpose(1, 2)  # (S, kk, Q)
+    hit.scatter_(1, st.masked_fill(st < 0, nb), True)  # -1 lands in the spare row
+    s_of, blk_of, i = hit[:, :nb].nonzero(as_tuple=True)  # by slice, block, then query
+    grp_of = s_of * nb + blk_of
+    cnt = torch.bincount(grp_of, minlength=S * nb)
     nch = (cnt + C - 1) // C
     first = nch.cumsum(0) - nch  # each block's first chunk
     total = int(nch.sum())
-    pos = torch.arange(len(i), device=i.device) - (cnt.cumsum(0) - cnt)[blk_of]
-    rows = torch.full((total * C,), T, dtype=torch.long, device=i.device)
-    rows[first[blk_of] * C + pos] = i
-    blk = torch.repeat_interleave(torch.arange(nb, device=i.device), nch)
-    a = int(first[first_masked]) if first_masked < nb else total
-    return rows, blk, a
+    pos = torch.arange(len(i), device=i.device) - (cnt.cumsum(0) - cnt)[grp_of]
+    rows = torch.full((total * C,), S * Q, dtype=torch.long, device=i.device)
+    rows[first[grp_of] * C + pos] = s_of * Q + i
+    grp = torch.repeat_interleave(torch.arange(S * nb, device=i.device), nch)
+    return rows, grp
 
 
-def _mask(sc: torch.Tensor, blk: torch.Tensor, rows: torch.Tensor, s0: int, b: int, N: int,
-          causal: bool) -> None:
-    """-inf into the scores sc (n, C, b) of chunks blk (n,) with query slots rows (n C,):
-    padded keys (token >= N) and, causal, keys after the query."""
+def _mask(sc: torch.Tensor, blk: torch.Tensor, rows: torch.Tensor, Q: int, q0: int,
+          pad_row: int, b: int, N: int, causal: bool) -> None:
+    """-inf into the scores sc (n, C, b) of chunks of blocks blk (n,) (in their slice)
+    with query slots rows (n, C) (tile indices, pad_row for padding): padded keys (token
+    >= N) and, causal, keys after the query."""
     ktok = blk[:, None, None] * b + torch.arange(b, device=sc.device)  # (n, 1, b)
     drop = ktok >= N
     if causal:
-        drop = drop | (ktok > (rows + s0).view(-1, sc.shape[1], 1))
+        qtok = (q0 + rows % Q).masked_fill_(rows == pad_row, N + b)  # padding: no drop
+        drop = drop | (ktok > qtok[..., None])
     sc.masked_fill_(drop, float("-inf"))
+
+
+def _mask_step(sc, need, blk, rows, Q, q0, pad_row, b, N, causal) -> None:
+    """Mask the chunks of a step that need it (a suffix of each slice's chunks)."""
+    at = need.nonzero().squeeze(1)
+    if len(at):
+        sub = sc.index_select(0, at)
+        _mask(sub, blk.index_select(0, at), rows.view(len(blk), -1).index_select(0, at), Q,
+              q0, pad_row, b, N, causal)
+        sc.index_copy_(0, at, sub)
 
 
 class _Layout:
@@ -104,25 +119,38 @@ class _Layout:
         self.nb = math.ceil(N / b)
         self.kk = sel.shape[-1]
         self.sel = sel.reshape(self.BH, N, self.kk)
-        self.T = _tile_rows(N, self.kk, self.nb)
-        self.C = _chunk_rows(self.T, self.kk, self.nb)
+        T = _tile_rows(N, self.kk, self.nb)
+        self.Q = min(T, N)  # queries of one slice in a tile
+        self.S = max(1, T // N)  # slices a tile
+        self.C = _chunk_rows(self.Q, self.kk, self.nb)
         self.steps = max(1, _STEP_BYTES // (self.C * b * 4))  # chunks a step
 
     def tiles(self):
-        """(bh, s0, Tn, rows, blk, a) for each slice and tile of queries [s0, s0 + Tn)."""
-        partial = self.nb * self.b > self.N
-        for bh in range(self.BH):
-            for s0 in range(0, self.N, self.T):
-                Tn = min(self.T, self.N - s0)
-                first = min(self.nb - 1 if partial else self.nb,
-                            s0 // self.b if self.causal else self.nb)
-                yield (bh, s0, Tn) + _plan(self.sel[bh, s0:s0 + Tn], self.nb, first, self.C)
+        """(g0, n, q0, Q, rows, grp, blk, need) for each tile: its queries are rows g0 ..
+        g0 + n of the (B H N) flattened ones, Q of each of its slices from query q0 on;
+        grp its chunks' global key blocks (slice nb + block), blk their blocks within the
+        slice, need the chunks to mask (the partial last block; causal, blocks at or
+        after the tile's first query: a query's own block)."""
+        N, nb, b = self.N, self.nb, self.b
+        partial = nb * b > N
+        for sa in range(0, self.BH, self.S):
+            sb = min(self.BH, sa + self.S)
+            for q0 in range(0, N, self.Q):
+                Q = min(self.Q, N - q0)
+                rows, grp = _plan(self.sel[sa:sb, q0:q0 + Q], nb, self.C)
+                blk = grp % nb
+                need = torch.zeros_like(blk, dtype=torch.bool)
+                if partial:
+                    need |= blk == nb - 1
+                if self.causal:
+                    need |= blk >= q0 // b
+                yield sa * N + q0, (sb - sa) * Q, q0, Q, rows, grp + sa * nb, blk, need
 
     def blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, N, D) -> zero-padded key blocks (B H, nb, b D), contiguous."""
+        """(B, H, N, D) -> zero-padded key blocks (B H nb, b D), contiguous."""
         pad = self.nb * self.b - self.N
         x = F.pad(x, (0, 0, 0, pad)) if pad else x
-        return x.reshape(self.BH, self.nb, self.b * self.D)
+        return x.reshape(self.BH * self.nb, self.b * self.D)
 
 
 def _with_zero_row(ws: Workspace, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -146,23 +174,23 @@ class _RoutedRows(torch.autograd.Function):
         keep = any(ctx.needs_input_grad[:3])
         lse = torch.empty(BH, N, 1, dtype=cd, device=q.device) if keep else None
         ws = Workspace(qs)
-        for bh, s0, Tn, rows, blk, a in lay.tiles():
-            n_all = len(blk)
-            qt = _with_zero_row(ws, "qt", qs[bh, s0:s0 + Tn])
+        qf, of = qs.view(BH * N, D), out.view(BH * N, D)
+        lf = lse.view(BH * N, 1) if keep else None
+        for g0, Tn, q0, Q, rows, grp, blk, need in lay.tiles():
+            n_all = len(grp)
+            qt = _with_zero_row(ws, "qt", qf[g0:g0 + Tn])
             o_sl, m_sl = ws("o", n_all * C, D), ws("m", n_all * C, 1)
             for c0 in range(0, n_all, lay.steps):
                 c1 = min(n_all, c0 + lay.steps)
                 n, r = c1 - c0, rows[c0 * C:c1 * C]
                 qg = torch.index_select(qt, 0, r, out=ws("qg", n * C, D)).view(n, C, D)
-                kg = torch.index_select(kb[bh], 0, blk[c0:c1], out=ws("kg", n, b * D))
-                vg = torch.index_select(vb[bh], 0, blk[c0:c1], out=ws("vg", n, b * D))
+                kg = torch.index_select(kb, 0, grp[c0:c1], out=ws("kg", n, b * D))
+                vg = torch.index_select(vb, 0, grp[c0:c1], out=ws("vg", n, b * D))
                 sc = torch.bmm(qg, kg.view(n, b, D).transpose(1, 2), out=ws("s", n, C, b))
-                if c1 > a:
-                    m0 = max(a, c0)
-                    _mask(sc[m0 - c0:], blk[m0:c1], rows[m0 * C:c1 * C], s0, b, N, causal)
+                _mask_step(sc, need[c0:c1], blk[c0:c1], r, Q, q0, Tn, b, N, causal)
                 m_sl[c0 * C:c1 * C] = softmax_lse_(sc).view(n * C, 1)  # sc is now P
                 torch.bmm(sc, vg.view(n, b, D), out=o_sl[c0 * C:c1 * C].view(n, C, D))
-            # Merge each query's rows (slot x belongs to query rows[x]; T pads): its
+            # Merge each query's rows (slot x belongs to query rows[x]; Tn pads): its
             # log-sum-exp over all of them, then the rows weighted by e^(lse_row - lse).
             top = torch.full((Tn + 1, 1), float("-inf"), dtype=cd, device=q.device)
             top.scatter_reduce_(0, rows[:, None], m_sl, "amax")
@@ -170,9 +198,9 @@ class _RoutedRows(torch.autograd.Function):
             den = torch.zeros(Tn + 1, 1, dtype=cd, device=q.device).index_add_(0, rows, w)
             num = torch.zeros(Tn + 1, D, dtype=cd, device=q.device).index_add_(0, rows,
                                                                                o_sl.mul_(w))
-            torch.div(num[:Tn], den[:Tn], out=out[bh, s0:s0 + Tn])
+            torch.div(num[:Tn], den[:Tn], out=of[g0:g0 + Tn])
             if keep:
-                torch.add(top[:Tn], den[:Tn].log_(), out=lse[bh, s0:s0 + Tn])
+                torch.add(top[:Tn], den[:Tn].log_(), out=lf[g0:g0 + Tn])
         if keep:
             ctx.b, ctx.causal, ctx.shape, ctx.dtype = b, causal, q.shape, dtype
             ctx.save_for_backward(qs, kb, vb, out, lse, sel)
@@ -191,35 +219,35 @@ class _RoutedRows(torch.autograd.Function):
         dq = torch.empty_like(qs)
         dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
         ws = Workspace(qs)
-        for bh, s0, Tn, rows, blk, a in lay.tiles():
-            n_all = len(blk)
-            qt = _with_zero_row(ws, "qt", qs[bh, s0:s0 + Tn])
-            dot = _with_zero_row(ws, "dot", dout[bh, s0:s0 + Tn])
-            lt = _with_zero_row(ws, "lt", lse[bh, s0:s0 + Tn])
-            dt = _with_zero_row(ws, "dt", delta[bh, s0:s0 + Tn])
+        qf, dof, lf, df = (t.view(BH * N, -1) for t in (qs, dout, lse, delta))
+        dqf = dq.view(BH * N, D)
+        for g0, Tn, q0, Q, rows, grp, blk, need in lay.tiles():
+            n_all = len(grp)
+            qt = _with_zero_row(ws, "qt", qf[g0:g0 + Tn])
+            dot = _with_zero_row(ws, "dot", dof[g0:g0 + Tn])
+            lt = _with_zero_row(ws, "lt", lf[g0:g0 + Tn])
+            dt = _with_zero_row(ws, "dt", df[g0:g0 + Tn])
             dqt = ws("dqt", Tn + 1, D).zero_()
             for c0 in range(0, n_all, lay.steps):
                 c1 = min(n_all, c0 + lay.steps)
-                n, r, bl = c1 - c0, rows[c0 * C:c1 * C], blk[c0:c1]
+                n, r, bl = c1 - c0, rows[c0 * C:c1 * C], grp[c0:c1]
                 qg = torch.index_select(qt, 0, r, out=ws("qg", n * C, D)).view(n, C, D)
                 dog = torch.index_select(dot, 0, r, out=ws("dog", n * C, D)).view(n, C, D)
-                kg = torch.index_select(kb[bh], 0, bl, out=ws("kg", n, b * D)).view(n, b, D)
-                vg = torch.index_select(vb[bh], 0, bl, out=ws("vg", n, b * D)).view(n, b, D)
+                kg = torch.index_select(kb, 0, bl, out=ws("kg", n, b * D)).view(n, b, D)
+                vg = torch.index_select(vb, 0, bl, out=ws("vg", n, b * D)).view(n, b, D)
                 p = torch.bmm(qg, kg.transpose(1, 2), out=ws("s", n, C, b))
-                if c1 > a:
-                    m0 = max(a, c0)
-                    _mask(p[m0 - c0:], blk[m0:c1], rows[m0 * C:c1 * C], s0, b, N, causal)
+                _mask_step(p, need[c0:c1], blk[c0:c1], r, Q, q0, Tn, b, N, causal)
                 exp_(p.sub_(lt.index_select(0, r).view(n, C, 1)))  # the forward's P
                 dvg = torch.bmm(p.transpose(1, 2), dog, out=ws("dvg", n, b, D))
-                dvb[bh].index_add_(0, bl, dvg.view(n, b * D))
+                dvb.index_add_(0, bl, dvg.view(n, b * D))
                 ds = torch.bmm(dog, vg.transpose(1, 2), out=ws("ds", n, C, b))
                 ds.sub_(dt.index_select(0, r).view(n, C, 1)).mul_(p)
                 dqg = torch.bmm(ds, kg, out=ws("dqg", n, C, D))
                 dqt.index_add_(0, r, dqg.view(n * C, D))
                 dkg = torch.bmm(ds.transpose(1, 2), qg, out=ws("dkg", n, b, D))
-                dkb[bh].index_add_(0, bl, dkg.view(n, b * D))
+                dkb.index_add_(0, bl, dkg.view(n, b * D))
             # dQ = dS K / sqrt(D): the forward scaled q, so the scale comes back here.
-            torch.mul(dqt[:Tn], softmax_scale(D), out=dq[bh, s0:s0 + Tn])
+            torch.mul(dqt[:Tn], softmax_scale(D), out=dqf[g0:g0 + Tn])
         shape, dtype = ctx.shape, ctx.dtype
         dk = dkb.view(BH, nb * b, D)[:, :N].reshape(shape).to(dtype)
         dv = dvb.view(BH, nb * b, D)[:, :N].reshape(shape).to(dtype)
