@@ -4,8 +4,10 @@ O(N D + (N / C) D^2) plus per-chunk C x C).
 
 Decays are compounded in log space: b = cumsum(g) within the chunk only, and every
 factor taken is exp of a difference that is <= 0 (a later position against an earlier
-one), so nothing overflows in float32 or bfloat16 and a small decay is never the
-quotient of two underflowed ones. Inputs arrive in the compute dtype; the caller casts.
+one) or, in the per-channel one-matmul form, of one bounded by GLA_ONE_MATMUL_SPAN, so
+nothing overflows in float32 or bfloat16 and a small decay is never the quotient of two
+underflowed ones. Inputs arrive in the compute dtype (float32 for bfloat16); the caller
+casts.
 
 Within a chunk, with b_t the log-decay from the chunk's start through t and S0 the state
 before the chunk (row vectors, s = D^-1/2):
@@ -16,12 +18,14 @@ before the chunk (row vectors, s = D^-1/2):
   than GLA_ONE_MATMUL_SPAN within a chunk, Q K^T ⊙ Γ is one matmul against the chunk's
   start, (q_t e^{b_t}) . (k_j e^{-b_j}); otherwise the chunk is cut into sub-chunks of c
   tokens, and for a query sub-chunk the earlier keys are scaled against its start r:
-  (q_t e^{b_t - r}) . (k_j e^{r - b_j}), both factors <= 1; within the sub-chunk the
-  (c, c, D) decays are taken explicitly.
+  (q_t e^{b_t - r}) . (k_j e^{r - b_j}), both factors <= 1; within the sub-chunk one
+  matmul against r again where its decay allows, else the (c, c, D) decays explicitly.
 - delta rule (deltanet, gated_deltanet), the WY/UT form (Yang et al. 2024, Sec. 3): with
   A = tril(diag(β) (K K^T ⊙ Γ), -1) and T = (I + A)^-1 diag(β) (one triangular solve),
   W = T (K ⊙ e^b) and Ũ = T V; then per chunk U = Ũ - W S0 (the values the erase leaves),
   o = s [(Q ⊙ e^b) S0 + (tril(Q K^T) ⊙ Γ) U], S_C = e^{b_C} S0 + (K ⊙ e^{b_C - b})^T U.
+- delta rule after a per-channel decay (kda): the same UT form with the per-channel scores
+  of gla in place of Q K^T ⊙ Γ and K K^T ⊙ Γ, the state's rows decayed per channel.
 """
 
 from __future__ import annotations
