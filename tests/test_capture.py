@@ -116,7 +116,7 @@ def test_bad_capture_sources_exit_2_and_write_nothing(tmp_path, capsys):
         (_toml(minilm, tmp_path / "short.txt"), "too short for every length"),
         (_toml(minilm, tmp_path / "short.txt"), "too short for every length"),  # cached: again
         ('inputs = ["gaussian"]\n[captures.gaussian]\nmodel = "x"\n', "is taken by a built-in"),
-        ('inputs = ["minilm2"]\n', "unknown 'minilm2'; allowed: gaussian, sharp, local, minilm"),
+        ('inputs = ["minilm2"]\n', "unknown 'minilm2'; allowed: gaussian, sharp, local, retrieval, minilm"),
     ]:
         code, err = _main(tmp_path, capsys, toml)
         assert code == 2 and err.count("\n") == 1 and expect in err, (expect, err)

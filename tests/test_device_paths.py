@@ -45,15 +45,16 @@ def test_variant_runs_on_the_meta_device(name, causal, backward):
                                     seq_len=300, head_dim=16, backward=backward)
     q, k, v = (torch.empty(2, 3, 300, 16, device="meta", requires_grad=backward)
                for _ in range(3))
+    inputs = m.draw_inputs(2, 3, 300, 16, seed=0, device="meta")  # a recurrence's gates
     if reasons:  # declared: forward refuses with the reason, never computes something else
         with pytest.raises(ValueError) as e, torch.set_grad_enabled(backward):
-            m(q, k, v, causal=causal)
+            m(q, k, v, causal=causal, **inputs)
         assert reasons[0] in str(e.value)
         if lacks(reasons):
             pytest.skip(f"this machine lacks what it needs: {'; '.join(reasons)}")
         return
     with torch.set_grad_enabled(backward):
-        o = m(q, k, v, causal=causal)
+        o = m(q, k, v, causal=causal, **inputs)
     assert o.device.type == "meta" and o.shape == q.shape and o.dtype == q.dtype
     if backward:
         o.sum().backward()

@@ -42,6 +42,15 @@ class Recurrent(RecurrentDecoding, Variant):
     causal_only = CAUSAL_ONLY
     err_ref = "recurrence"
     delta = False  # L2-normalises q and k (the delta rule's papers do)
+    # A per-channel gate picks its chunk form from the decays' values (chunked.py): it
+    # cannot be laid out on the meta device, which holds no values.
+    per_channel = False
+
+    def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
+        if self.per_channel and device.type == "meta":
+            return [f"{self.name} chooses its chunk form from the gate's values (how far a "
+                    "channel decays within a chunk): the meta device holds no values"]
+        return []
 
     def _terms(self, q, k, v, inputs) -> tuple:
         """(q, k, v, g, beta) as the recurrence takes them, in q's dtype."""
@@ -115,6 +124,7 @@ def retention_log_decay(q: torch.Tensor) -> torch.Tensor:
 class GLA(Recurrent):
     """Gated linear attention: S_t = Diag(exp g_t) S_{t-1} + k_t^T v_t; g (B, H, N, D) <= 0."""
     name = "gla"
+    per_channel = True
     Params = GLAParams
     paper = "https://arxiv.org/abs/2312.06635"
     inputs = (GATE_CHANNEL,)
@@ -190,6 +200,7 @@ class GatedDeltaNet(Recurrent):
 class KimiDeltaAttention(Recurrent):
     """Kimi Delta Attention: S_t = (I - β_t k_t^T k_t) Diag(exp g_t) S_{t-1} + β_t k_t^T v_t."""
     name = "kda"
+    per_channel = True
     Params = GLAParams
     paper = "https://arxiv.org/abs/2510.26692"
     inputs = (GATE_KDA, BETA)

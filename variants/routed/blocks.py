@@ -27,6 +27,12 @@ class BlockRouted(BlockDecoding, Variant):
     def block(self) -> int:
         return getattr(self.params, self.block_param)
 
+    def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
+        if device.type == "meta":  # which queries read a block is known only from values
+            return [f"{self.name} routes by the values of q and k: its work cannot be laid "
+                    "out on the meta device, which holds no values"]
+        return []
+
     def gate(self, k: torch.Tensor):
         """A function of a query chunk (B, H, c, D) -> its blocks' scores (B, H, c, nb)."""
         raise NotImplementedError
