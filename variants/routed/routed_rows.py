@@ -168,7 +168,7 @@ class _RoutedRows(torch.autograd.Function):
         cd = compute_dtype(dtype)  # bfloat16 runs in float32: the merge needs its range
         lay = _Layout(q, sel, b, causal)
         BH, N, D, C = lay.BH, lay.N, lay.D, lay.C
-        qs = (q.to(cd) * softmax_scale(D)).reshape(BH, N, D)
+        qs = (q.to(cd) * softmax_scale(D)).contiguous().view(BH, N, D)  # a model gives strided q
         kb, vb = lay.blocks(k.to(cd)), lay.blocks(v.to(cd))
         out = torch.empty(BH, N, D, dtype=cd, device=q.device)
         keep = any(ctx.needs_input_grad[:3])
