@@ -78,14 +78,6 @@ class ScatterbrainState(DecodeState):
     z: torch.Tensor
     shift: torch.Tensor
 
-    def mark(self):
-        return self.n, [t.clone() for t in self.tensors()]
-
-    def rewind(self, mark) -> None:
-        self.n = mark[0]
-        for t, saved in zip(self.tensors(), mark[1]):
-            t.copy_(saved)
-
 
 @dataclasses.dataclass(frozen=True)
 class ScatterbrainParams:

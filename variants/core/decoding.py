@@ -59,11 +59,18 @@ class DecodeState:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def mark(self):
-        """What `rewind` needs to return to the present context."""
-        raise NotImplementedError
+        """What `rewind` needs to return to the present context: by default a copy of
+        every field (states of a fixed, small size); a cache overrides it."""
+        return {f.name: (lambda x: x.clone() if isinstance(x, torch.Tensor) else x)(
+            getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def rewind(self, mark) -> None:
-        raise NotImplementedError
+        for name, saved in mark.items():
+            x = getattr(self, name)
+            if isinstance(x, torch.Tensor):
+                x.copy_(saved)
+            else:
+                setattr(self, name, saved)
 
 
 @dataclasses.dataclass
@@ -152,10 +159,3 @@ class RingKV(DecodeState):
     def values(self) -> torch.Tensor:
         return self.v[:, :, :self.held()]
 
-    def mark(self):
-        return self.n, self.k.clone(), self.v.clone()  # W tokens: small by construction
-
-    def rewind(self, mark) -> None:
-        self.n = mark[0]
-        self.k.copy_(mark[1])
-        self.v.copy_(mark[2])

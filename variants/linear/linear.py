@@ -160,13 +160,6 @@ class KernelState(DecodeState):
     z: torch.Tensor
     shift: torch.Tensor
 
-    def mark(self):
-        return self.S.clone(), self.z.clone(), self.shift.clone()
-
-    def rewind(self, mark) -> None:
-        for t, saved in zip((self.S, self.z, self.shift), mark):
-            t.copy_(saved)
-
 
 # Context rows a prefill turns into features at a time: (B, H, rows, M) blocks, not the
 # whole (B, H, N, M) context at once.

@@ -27,12 +27,6 @@ class RecurrentState(DecodeState):
     """S (B, H, D, Dv) in the compute dtype."""
     S: torch.Tensor
 
-    def mark(self):
-        return self.S.clone()
-
-    def rewind(self, mark) -> None:
-        self.S.copy_(mark)
-
 
 def _cast(terms, dt):
     return tuple(None if t is None else t.to(dt) for t in terms)
