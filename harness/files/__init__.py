@@ -8,10 +8,10 @@ disagree about a column.
 
 from harness.files.columns import (EXACT_PATHS, MAPS, META, MODEL_COLUMNS, MODEL_CSV, MODEL_META,
                                    RESULT_COLUMNS, RESULTS, ROUNDS, SPREAD_FLAG, TRAIN_COLUMNS,
-                                   TRAIN_CSV, TRAIN_META)
+                                   TRAIN_CSV, TRAIN_LATER_COLUMNS, TRAIN_META)
 from harness.files.csvlog import CsvLog, now, write_json
 from harness.files.resume import check_folder
 
 __all__ = ["EXACT_PATHS", "MAPS", "META", "MODEL_COLUMNS", "MODEL_CSV", "MODEL_META",
            "RESULT_COLUMNS", "RESULTS", "ROUNDS", "SPREAD_FLAG", "TRAIN_COLUMNS", "TRAIN_CSV",
-           "TRAIN_META", "CsvLog", "check_folder", "now", "write_json"]
+           "TRAIN_LATER_COLUMNS", "TRAIN_META", "CsvLog", "check_folder", "now", "write_json"]

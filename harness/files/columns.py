@@ -59,14 +59,23 @@ MODEL_COLUMNS = [
 
 # One trained configuration: the task setting, the model, the sweep's outcome. accuracy is
 # the best held-out accuracy over the learning rates tried (0..1); steps, time_to_best_s,
-# step_ms and final_loss belong to the run of the winning rate (best_lr); train_s is the
-# wall time of the whole sweep; lr_accuracy is JSON {lr: accuracy or status}; chance is the
-# accuracy of a model that reads nothing (the task's floor); reach, for a variant with a fixed
-# key pattern (windows, block layouts) in one layer, the share of held-out queries whose
-# answer it can see (its ceiling).
+# step_ms, final_loss and rising belong to the run of the winning rate (best_lr); train_s is
+# the wall time of the whole sweep; lrs is the JSON list of every rate in the sweep, in the
+# order tried, lr_accuracy JSON {lr: accuracy or status} of those run (a rate of lrs missing
+# there was not run: an earlier one reached early_stop); rising and lr_at_edge say whether
+# the winning run was still improving and whether its rate is at an end of lrs
+# (harness.train.trainer.still_rising, harness.train.runner.lr_at_edge); state_size is
+# layers x heads x the variant's state_size(N, D) and state_bytes the same in float32; chance
+# is the accuracy of a model that reads nothing (the task's floor); reach, for a variant with
+# a fixed key pattern (windows, block layouts) in one layer, the share of held-out queries
+# whose answer it can see (its ceiling).
 TRAIN_COLUMNS = [
     "config_id", "task", "task_params", "variant", "family", "params", "seq_len",
     "num_kv_pairs", "vocab_size", "causal", "d_model", "layers", "heads", "mlp", "batch",
-    "max_steps", "device", "status", "reason", "accuracy", "best_lr", "lr_accuracy", "steps",
-    "time_to_best_s", "steps_to_0_9", "step_ms", "train_s", "final_loss", "n_params",
-    "state_size", "chance", "reach", "seed", "threads"]
+    "max_steps", "device", "status", "reason", "accuracy", "best_lr", "lrs", "lr_accuracy",
+    "lr_at_edge", "rising", "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s",
+    "final_loss", "n_params", "state_size", "state_bytes", "chance", "reach", "seed",
+    "threads"]
+# Columns train.csv gained after its first release (issue 29): a report of an older file
+# reads them as empty (state_bytes from state_size).
+TRAIN_LATER_COLUMNS = ["lrs", "lr_at_edge", "rising", "state_bytes"]

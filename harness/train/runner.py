@@ -39,16 +39,39 @@ from harness.train.store import TrainStore
 CONV_REACH = CONV_KERNEL - 1  # the short convolution reads this many positions back
 
 WORKER = "harness.train.worker"
+STATE_DTYPE = torch.float32  # the trained model's dtype: state_bytes = state_size x 4
 # When no rate ran ok, the row takes the most telling failure: an error is a bug to read,
 # a non-finite loss an outcome of training.
 _SEVERITY = ("error", "oom", "timeout", "nonfinite")
 _BEST_FIELDS = ("accuracy", "steps", "time_to_best_s", "steps_to_0_9", "step_ms",
-                "final_loss", "n_params")
+                "final_loss", "n_params", "rising")
+
+
+def lr_at_edge(lrs, best_lr: float, accuracy: float, early_stop: float) -> bool:
+    """Whether the winning rate may not be the best one: it is the smallest or the largest
+    of the rates swept (`lrs`, every rate configured, run or not), so a rate outside the
+    range might do better. False when the winning run reached early_stop: nothing could
+    rank it higher, so a row that stopped at the first rate it tried is never at the edge,
+    whichever rate that was. A sweep of one rate is at the edge unless it reached
+    early_stop."""
+    if accuracy >= early_stop:
+        return False
+    return best_lr in (min(lrs), max(lrs))
+
+
+def state_elements(config: TrainConfig, module) -> int | None:
+    """The model's state per example: layers x heads x the variant's `state_size(N, D)` at
+    the head dimension D = d_model / heads (Based's "state size": what a decoder keeps for
+    every layer's heads). The same number on non-causal rows, where it is what one query
+    reads (Linformer 2 k D, Nystrom 2 m D: the compressed keys and values). None where the
+    variant does not say."""
+    state = module.state_size(config.seq_len, config.head_dim)
+    return None if state is None else config.layers * config.heads * state
 
 
 def config_row(config: TrainConfig, module) -> dict:
     """The descriptive columns of a configuration (everything but the training's outcome)."""
-    state = module.state_size(config.seq_len, config.head_dim) if config.causal else None
+    state = state_elements(config, module)
     task = tasks.get(config.task)
     return {"config_id": config.config_id, "task": config.task,
             "task_params": config.task_params, "variant": config.variant,
@@ -58,8 +81,9 @@ def config_row(config: TrainConfig, module) -> dict:
             "d_model": config.d_model, "layers": config.layers, "heads": config.heads,
             "mlp": config.mlp, "batch": config.batch, "max_steps": config.max_steps,
             "device": config.device, "seed": config.seed, "threads": config.threads,
-            # a decoder's state per example: every layer's heads (Based's "state size")
-            "state_size": None if state is None else config.layers * config.heads * state,
+            "state_size": state,
+            "state_bytes": None if state is None else state * STATE_DTYPE.itemsize,
+            "lrs": json.dumps(list(config.lrs)),
             "chance": task.chance(config.seq_len, config.vocab_size, **config.task_param_dict),
             "reach": reach(config, module)}
 
@@ -121,7 +145,8 @@ def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
         return {**out, "status": status, "reason": "; ".join(notes)}
     lr, best = max(ok, key=lambda x: x[1]["accuracy"])  # the first of equals
     return {**out, "status": "ok", "reason": "; ".join(notes), "best_lr": lr,
-            **{k: best.get(k) for k in _BEST_FIELDS}}
+            **{k: best.get(k) for k in _BEST_FIELDS},
+            "lr_at_edge": lr_at_edge(config.lrs, lr, best["accuracy"], config.early_stop)}
 
 
 class Sweeper:
