@@ -283,6 +283,52 @@ def accuracy_plot(df: pd.DataFrame, x: str, xlabel: str, path: Path) -> Path:
     return _save(fig, path)
 
 
+def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) -> Path:
+    """One task setting's frontier (Zoology, Based): held-out accuracy against the state a
+    model keeps per example, in bytes, log x-axis; one line per variant (`line`, colour by
+    `variant`) through its sizes in order of state, at each state its best accuracy (block
+    sizes that keep the same cache share a state); every configuration a marker, hollow
+    where its winning run was still rising (`rising`). The task's chance level dotted
+    black, `bar` (the Answers' 0.9) dashed grey.
+
+    df: ok train.csv rows of one setting with `line`, `variant`, `state_bytes`, `accuracy`,
+    `rising` and `chance`."""
+    from matplotlib.ticker import NullLocator
+
+    data = df.dropna(subset=["state_bytes"]).sort_values("state_bytes")
+    palette, _, _ = _styles(data.drop_duplicates("line"))
+    w, h = grid_size_px(1, 1)
+    fig = _new_figure(w / DPI, h / DPI)
+    ax = fig.subplots(1, 1)
+    for line, sub in data.groupby("line", sort=False):
+        best = sub.groupby("state_bytes", as_index=False)["accuracy"].max()
+        colour = palette[line]
+        ax.plot(best["state_bytes"], best["accuracy"], color=colour, linewidth=1.2)
+        rising = sub["rising"].fillna(False).astype(bool)
+        ax.scatter(sub.loc[~rising, "state_bytes"], sub.loc[~rising, "accuracy"], s=18,
+                   color=colour, zorder=3)
+        ax.scatter(sub.loc[rising, "state_bytes"], sub.loc[rising, "accuracy"], s=18,
+                   facecolors="white", edgecolors=colour, zorder=3)
+    if len(data):
+        lo, hi = data["state_bytes"].min(), data["state_bytes"].max()
+        ax.plot([lo, hi], [data["chance"].mean()] * 2, color="black", linestyle=":",
+                linewidth=1)
+        ax.axhline(bar, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(textwrap.fill(title, 60), fontsize=9)
+    ax.set_xlabel("state per example (bytes, float32; log)")
+    ax.set_ylabel("held-out accuracy")
+    ax.grid(True, alpha=0.3)
+    _adjust(fig, 1, 1)
+    chance, line09 = "chance (a model that reads nothing)", f"accuracy {bar:g}"
+    _legend(fig, {**palette, chance: "black", line09: "grey"}, 1,
+            {**{k: "" for k in palette}, chance: (1, 1.5), line09: (4, 2)},
+            {**{k: "o" for k in palette}, chance: "", line09: ""})
+    return _save(fig, path)
+
+
 def accuracy_time_plot(df: pd.DataFrame, path: Path) -> Path:
     """Held-out accuracy against forward time_ms (from the same folder's results.csv) at
     the same N: one panel per trained (seq_len, causal), one marker per `line`."""

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness.errors import UsageError
-from harness.files import TRAIN_COLUMNS, TRAIN_CSV, TRAIN_META
-from harness.report import plots
+from harness.files import TRAIN_COLUMNS, TRAIN_CSV, TRAIN_LATER_COLUMNS, TRAIN_META
+from harness.report import frontier, plots
 from harness.report.folder import STATUSES, short_labels
 
 TITLE = "Quality when trained"
@@ -28,7 +28,7 @@ SETTING = ["task", "task_params", "seq_len", "num_kv_pairs", "vocab_size", "caus
 KEY = ["variant", "params", *SETTING]
 _NUMERIC = ["seq_len", "vocab_size", "d_model", "layers", "heads", "accuracy", "best_lr",
             "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s", "final_loss",
-            "n_params", "state_size", "chance", "reach", "num_kv_pairs"]
+            "n_params", "state_size", "state_bytes", "chance", "reach", "num_kv_pairs"]
 
 
 def _bool(v) -> bool:
@@ -40,14 +40,24 @@ def _bool(v) -> bool:
     raise UsageError(f"train.csv: expected True or False, got {v!r}")
 
 
+def _flag(v):
+    """True, False, or None where the file leaves it empty."""
+    return None if pd.isna(v) else _bool(v)
+
+
 def read_train(path: Path) -> pd.DataFrame:
     """train.csv checked against its columns, with `label` (variant and the parameters that
-    tell its settings apart), `setting` and `model` (strings) added."""
+    tell its settings apart), `setting` and `model` (strings) added. A file from before
+    TRAIN_LATER_COLUMNS existed reads them as empty, state_bytes as state_size x 4."""
     try:
         df = pd.read_csv(path, dtype={"params": str, "reason": str, "task_params": str,
-                                      "lr_accuracy": str})
+                                      "lr_accuracy": str, "lrs": str})
     except pd.errors.EmptyDataError:
         raise UsageError(f"{path} is empty") from None
+    for col in TRAIN_LATER_COLUMNS:
+        if col not in df.columns:
+            df[col] = df["state_size"] * 4 if col == "state_bytes" and "state_size" in df \
+                else None
     missing = [c for c in TRAIN_COLUMNS if c not in df.columns]
     if missing:
         raise UsageError(f"{path} lacks column(s): {', '.join(missing)}")
@@ -61,6 +71,8 @@ def read_train(path: Path) -> pd.DataFrame:
             raise UsageError(f"{path}: column {col} holds non-numbers")
     df["causal"] = df["causal"].map(_bool)
     df["mlp"] = df["mlp"].map(_bool)
+    for col in ("rising", "lr_at_edge"):
+        df[col] = df[col].map(_flag).astype(object)
     unknown = sorted(set(df["status"]) - set(STATUSES))
     if unknown:
         raise UsageError(f"{path}: unknown status value(s): {', '.join(map(str, unknown))}")
@@ -106,9 +118,14 @@ def _acc(v) -> str:
     return "–" if pd.isna(v) else f"{v:.3f}"
 
 
+def _yes(v) -> str:
+    return "–" if v is None or pd.isna(v) else ("yes" if v else "no")
+
+
 def accuracy_table(df: pd.DataFrame) -> pd.DataFrame:
     """Variant x setting: held-out accuracy where it trained, else its status."""
-    cells = [_acc(a) if s == "ok" else s for a, s in zip(df["accuracy"], df["status"])]
+    cells = [_acc(r["accuracy"]) + frontier.marks(r) if r["status"] == "ok" else r["status"]
+             for _, r in df.iterrows()]
     wide = df.assign(cell=cells).pivot(index="label", columns="setting", values="cell")
     order = _order(df)
     wide = wide.reindex(index=_labels(df), columns=order).fillna("")
@@ -124,14 +141,20 @@ def detail_table(df: pd.DataFrame) -> pd.DataFrame:
         for _, r in df[df["setting"] == s].iterrows():
             if r["status"] != "ok":
                 continue
-            rows.append({"setting": s, "variant": r["label"], "accuracy": _acc(r["accuracy"]),
-                         "best lr": f"{r['best_lr']:g}", "steps to best": int(r["steps"]),
+            rows.append({"setting": s, "variant": r["label"],
+                         "accuracy": _acc(r["accuracy"]) + frontier.marks(r),
+                         "best lr": f"{r['best_lr']:g}",
+                         "rising": _yes(r["rising"]), "lr at edge": _yes(r["lr_at_edge"]),
+                         "lrs swept": r["lrs"] if isinstance(r["lrs"], str) else "–",
+                         "steps to best": int(r["steps"]),
                          "steps to 0.9": "–" if pd.isna(r["steps_to_0_9"])
                          else str(int(r["steps_to_0_9"])),
                          "step_ms": f"{r['step_ms']:.3g}", "sweep s": f"{r['train_s']:.3g}",
                          "final loss": f"{r['final_loss']:.3g}",
                          "state size": "–" if pd.isna(r["state_size"])
                          else str(int(r["state_size"])),
+                         "state bytes": "–" if pd.isna(r["state_bytes"])
+                         else str(int(r["state_bytes"])),
                          "reach": "–" if pd.isna(r["reach"]) else f"{r['reach']:.3f}",
                          "lr: accuracy": r["lr_accuracy"]})
     return pd.DataFrame(rows)
@@ -176,7 +199,8 @@ def answer_table(tr: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
         else:
             fast = good.loc[good["step_ms"].idxmin()]
             row |= {"fastest training step reaching 0.9": fast["label"],
-                    "accuracy": _acc(fast["accuracy"]), "step_ms": f"{fast['step_ms']:.3g}"}
+                    "accuracy": _acc(fast["accuracy"]) + frontier.marks(fast),
+                    "step_ms": f"{fast['step_ms']:.3g}"}
         if not timed.empty:
             t = timed[(timed["setting"] == s) & (timed["accuracy"] >= RECALL)]
             if len(t):
@@ -195,7 +219,15 @@ def answer_blocks(tr: pd.DataFrame, timed: pd.DataFrame) -> list[tuple]:
             "(train.csv)")
     if not timed.empty:
         text += ", and by the variant's forward time at that N in this folder's results.csv"
-    return [("p", text + "."), ("table", answer_table(tr, timed))]
+    blocks = [("p", text + "."), ("table", answer_table(tr, timed))]
+    small = frontier.smallest_state_table(tr)
+    if not small.empty:
+        blocks += [("p", f"Smallest state reaching {RECALL} held-out accuracy at each task "
+                         "setting (bytes per example, float32; of equal states the more "
+                         "accurate), over every variant and size trained there:"),
+                   ("table", small)]
+    ok = tr[tr["status"] == "ok"]
+    return blocks + (frontier.footnote(ok) if len(ok) else [])
 
 
 def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list[tuple]:
@@ -204,16 +236,20 @@ def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list
     tasks = ", ".join(sorted(tr["task"].unique()))
     blocks: list[tuple] = [
         ("h", 2, TITLE),
-        ("p", f"A small model per variant, trained on {tasks} (multi-query associative "
-              "recall: key-value pairs, then each key queried once; Zoology, Arora et al. "
-              "2023): token embedding, a short causal convolution and the variant as the "
+        ("p", f"A small model per variant, trained on {tasks} (mqar is multi-query "
+              "associative recall: key-value pairs, then each key queried once; Zoology, "
+              "Arora et al. 2023): token embedding, a short causal convolution and the variant as the "
               "sequence mixer in each layer, a tied output head. accuracy is the share of "
               "held-out queries answered right, the best over the learning rates tried; "
               "chance is what a model that reads nothing scores. Non-causal settings call "
               "the variant with causal=False: no answer is in the input after its query, so "
               "non-causal-only variants (Linformer, Nyström) are ranked there."),
+        *frontier.frontier_blocks(tr, pdir),
+        *frontier.task_blocks(tr),
+        ("h", 3, "Accuracy per setting"),
         ("table", accuracy_table(tr))]
     ok = tr[tr["status"] == "ok"].assign(line=lambda d: d["label"])
+    blocks += frontier.footnote(ok) if len(ok) else []
     if not ok.empty:
         blocks += [
             ("img", plots.accuracy_plot(ok, "seq_len", "sequence length N",
