@@ -270,3 +270,24 @@ def test_the_recall_model_makes_the_declared_inputs_and_trains_them(name):
     grads = [p.grad for n, p in model.named_parameters() if n.startswith("blocks.0.inputs.")]
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
     assert any(g.abs().sum() > 0 for g in grads)
+
+
+@pytest.mark.parametrize("N", [3 * C, 1000])
+@pytest.mark.parametrize("name", NAMES)
+def test_the_streamed_blocks_carry_the_state(name, N, monkeypatch):
+    """Sequences longer than one block (chunked.stream: 2 chunks a block here, where a
+    benchmark's are thousands of tokens): forward and gradients still match the float64
+    recurrence, and the no-grad forward (written block by block into one output) the
+    autograd one."""
+    from variants.recurrent import chunked
+    m, q, k, v, ins = case(name, N)
+    monkeypatch.setattr(chunked, "BLOCK_ELEMENTS", 2 * C * 2 * C)  # B H = 2, max(C, D) = C
+    assert chunked.block_rows(1, 2, C, 8) == 2 * C < N
+    w = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = _grads(m.reference, q, k, v, ins, torch.float64, w)
+    got = _grads(lambda *a, **i: m(*a, causal=True, **i), q, k, v, ins, torch.float64, w)
+    for label, a, r in zip(_labels(ins), got, ref):
+        assert _rel(a, r) <= 1e-10, (label, _rel(a, r))
+    with torch.no_grad():
+        plain = m(q, k, v, causal=True, **ins)
+    assert _rel(plain, ref[0]) <= 1e-10

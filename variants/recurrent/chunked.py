@@ -64,21 +64,69 @@ def chunk_length(N: int, C: int, multiple: int = 1) -> int:
     return min(C, -(-N // multiple) * multiple)
 
 
-def _scan(decay: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """States before each chunk: S_0 = 0, S_{c+1} = decay_c ⊙ S_c + U_c.
-    decay (B, H, n, 1 or D, 1), U (B, H, n, D, D) -> (B, H, n, D, D)."""
-    S = torch.zeros_like(U[:, :, 0])
+# The streamed form's block: about this many elements in its largest per-block tensor
+# (B H rows max(C, D)); 2 MiB in float32, so a block's temporaries are reused from the heap
+# and stay in cache instead of being sequence-sized fresh mappings (see `stream`).
+BLOCK_ELEMENTS = 1 << 19
+
+
+def block_rows(B: int, H: int, C: int, D: int) -> int:
+    """Tokens per block of `stream`: a whole number of chunks of C, at least one."""
+    return max(C, BLOCK_ELEMENTS // (B * H * max(C, D)) // C * C)
+
+
+def stream(step, q, k, v, inputs: dict, rows: int, dtype) -> torch.Tensor:
+    """The chunkwise form run block by block of `rows` tokens (a multiple of the chunk),
+    the state carried from block to block: step(q, k, v, inputs, S) -> (o, S after the
+    block), on the block's slices (each input's sequence axis is dim 2). The same sums
+    as one call over the whole sequence, to rounding.
+
+    Every temporary of a kernel (the chunk scores, the chunk states, the normalised or cast
+    q and k) is then block-sized, not sequence-sized: one call over N = 16384, H = 8,
+    D = 64 makes tensors of 32 MiB and more, above glibc's mmap ceiling, each a fresh
+    mapping faulted in page by page on every call, which made the time grow faster than N.
+    Without autograd the only sequence-sized tensor is the output (in `dtype`); under
+    autograd the blocks' graphs chain through the carried state, and the backward keeps
+    what one whole-sequence call keeps."""
+    N = q.shape[2]
+    if N <= rows:
+        return step(q, k, v, inputs, None)[0].to(dtype)
+    grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, *inputs.values()))
+    out = None if grad else q.new_empty(q.shape, dtype=dtype)
+    outs, S = [], None
+    # split, not [:, :, i:i + rows]: each slice's backward would write a zero tensor of the
+    # whole input's size; split's is one concatenation.
+    names = list(inputs)
+    parts = [t.split(rows, dim=2) for t in (q, k, v, *inputs.values())]
+    for i, (qb, kb, vb, *ib) in enumerate(zip(*parts)):
+        o, S = step(qb, kb, vb, dict(zip(names, ib)), S)
+        if grad:
+            outs.append(o)
+        else:
+            out[:, :, i * rows:i * rows + o.shape[2]] = o
+        del o  # before the next block makes its own
+    return torch.cat(outs, dim=2).to(dtype) if grad else out
+
+
+def _scan(decay: torch.Tensor, U: torch.Tensor, S: torch.Tensor | None):
+    """States before each chunk: S_0 = S (zeros for None), S_{c+1} = decay_c ⊙ S_c + U_c.
+    decay (B, H, n, 1 or D, 1), U (B, H, n, D, D) -> ((B, H, n, D, D), the state after
+    the last chunk (B, H, D, D))."""
+    S = torch.zeros_like(U[:, :, 0]) if S is None else S
     states = []
     # unbind, not U[:, :, c]: each indexing's backward would write a zero tensor of U's
     # size, (N / C)^2 D^2 in all; unbind's is one stack.
     for d, u in zip(decay.unbind(2), U.unbind(2)):
         states.append(S)
         S = d * S + u
-    return torch.stack(states, dim=2)
+    return torch.stack(states, dim=2), S
 
 
-def chunk_scalar_gate(q, k, v, g, C: int) -> torch.Tensor:
-    """Retention / Mamba2 (SSD): g (B, H, N) log-decays per head. -> o (B, H, N, D)."""
+def chunk_scalar_gate(q, k, v, g, C: int, S=None):
+    """Retention / Mamba2 (SSD): g (B, H, N) log-decays per head; S the state before the
+    first token (B, H, D, D), None for zeros. -> (o (B, H, N, D), the state after the
+    last token)."""
     B, H, N, D = q.shape
     C = chunk_length(N, C)
     n = -(-N // C) * C
@@ -88,9 +136,9 @@ def chunk_scalar_gate(q, k, v, g, C: int) -> torch.Tensor:
     att = (qc @ kc.transpose(-1, -2)) * _gamma(b, _lower(C, q.device))  # (B, H, n/C, C, C)
     last = b[..., -1:]  # (B, H, n/C, 1)
     U = (kc * (last - b).exp()[..., None]).transpose(-1, -2) @ vc  # (B, H, n/C, D, D)
-    S0 = _scan(last.exp()[..., None], U)  # states before each chunk
+    S0, S = _scan(last.exp()[..., None], U, S)  # states before each chunk, after the last
     o = att @ vc + (qc * b.exp()[..., None]) @ S0
-    return (s * o).reshape(B, H, n, D)[:, :, :N]
+    return (s * o).reshape(B, H, n, D)[:, :, :N], S
 
 
 # Largest decay (nats) within one chunk for which GLA's intra-chunk scores are taken as one
@@ -101,8 +149,9 @@ def chunk_scalar_gate(q, k, v, g, C: int) -> torch.Tensor:
 GLA_ONE_MATMUL_SPAN = 60.0
 
 
-def chunk_channel_gate(q, k, v, g, C: int, sub: int) -> torch.Tensor:
-    """GLA: g (B, H, N, D) log-decays per key channel. -> o (B, H, N, D)."""
+def chunk_channel_gate(q, k, v, g, C: int, sub: int, S=None):
+    """GLA: g (B, H, N, D) log-decays per key channel; S as chunk_scalar_gate's. -> (o
+    (B, H, N, D), the state after the last token)."""
     B, H, N, D = q.shape
     C = chunk_length(N, C, sub)
     sub = min(sub, C)
@@ -115,9 +164,9 @@ def chunk_channel_gate(q, k, v, g, C: int, sub: int) -> torch.Tensor:
     last = b[..., -1:, :]  # (B, H, nc, 1, D): each chunk's total log-decay, <= 0
     att = _channel_scores(qc, kc, b, sub, float(-last.detach().min()))  # one sync
     U = (kc * (last - b).exp()).transpose(-1, -2) @ vc  # (B, H, nc, D, D)
-    S0 = _scan(last.exp().transpose(-1, -2), U)
+    S0, S = _scan(last.exp().transpose(-1, -2), U, S)
     o = att @ vc + (qc * b.exp()) @ S0
-    return (s * o).reshape(B, H, n, D)[:, :, :N]
+    return (s * o).reshape(B, H, n, D)[:, :, :N], S
 
 
 def _channel_scores(xc, kc, b, sub: int, span: float) -> torch.Tensor:
@@ -161,9 +210,10 @@ def _channel_scores_by_sub_chunk(qc, kc, b, sub: int) -> torch.Tensor:
     return att.reshape(B, H, nc, C, C)
 
 
-def chunk_delta(q, k, v, beta, g, C: int) -> torch.Tensor:
+def chunk_delta(q, k, v, beta, g, C: int, S=None):
     """DeltaNet (g None) / Gated DeltaNet (g (B, H, N)): beta (B, H, N); q, k already
-    L2-normalised. -> o (B, H, N, D)."""
+    L2-normalised; S as chunk_scalar_gate's. -> (o (B, H, N, D), the state after the last
+    token)."""
     B, H, N, D = q.shape
     C = chunk_length(N, C)
     n = -(-N // C) * C
@@ -190,7 +240,7 @@ def chunk_delta(q, k, v, beta, g, C: int) -> torch.Tensor:
     else:
         last = b[..., -1:]
         qe, kd, decay = qc * b.exp()[..., None], kc * (last - b).exp()[..., None], last.exp()
-    S = q.new_zeros(B, H, D, D)
+    S = q.new_zeros(B, H, D, D) if S is None else S
     out = []
     decays = [None] * (n // C) if decay is None else decay[..., None].unbind(2)
     # unbind, not [:, :, c] (see _scan): one stack in the backward, not N / C zero tensors.
@@ -200,15 +250,16 @@ def chunk_delta(q, k, v, beta, g, C: int) -> torch.Tensor:
         out.append(q_c @ S + a_c @ u)
         S = S if d_c is None else d_c * S
         S = S + k_c.transpose(-1, -2) @ u
-    return (s * torch.stack(out, dim=2)).reshape(B, H, n, D)[:, :, :N]
+    return (s * torch.stack(out, dim=2)).reshape(B, H, n, D)[:, :, :N], S
 
 
-def chunk_delta_channel(q, k, v, beta, g, C: int, sub: int) -> torch.Tensor:
+def chunk_delta_channel(q, k, v, beta, g, C: int, sub: int, S=None):
     """Kimi Delta Attention: the delta rule after a per-channel decay, g (B, H, N, D), beta
     (B, H, N); q, k already L2-normalised. The UT form with GLA's per-channel scores:
     A = tril(diag(β) [Σ_d k_td k_jd e^{b_td - b_jd}], -1), W = T (K ⊙ e^b), Ũ = T V, and
     per chunk U = Ũ - W S0, o = s [(Q ⊙ e^b) S0 + P U], S_C = Diag(e^{b_C}) S0 +
-    (K ⊙ e^{b_C - b})^T U, P_tj = Σ_d q_td k_jd e^{b_td - b_jd} (j <= t). -> o (B, H, N, D)."""
+    (K ⊙ e^{b_C - b})^T U, P_tj = Σ_d q_td k_jd e^{b_td - b_jd} (j <= t); S as
+    chunk_scalar_gate's. -> (o (B, H, N, D), the state after the last token)."""
     B, H, N, D = q.shape
     C = chunk_length(N, C, sub)
     sub = min(sub, C)
@@ -226,11 +277,11 @@ def chunk_delta_channel(q, k, v, beta, g, C: int, sub: int) -> torch.Tensor:
     att = _channel_scores(qc, kc, b, sub, span)  # P
     qe, kd = qc * b.exp(), kc * (last - b).exp()
     decay = last.exp().transpose(-1, -2)  # (B, H, nc, D, 1): the state's rows
-    S = q.new_zeros(B, H, D, D)
+    S = q.new_zeros(B, H, D, D) if S is None else S
     out = []
     for u_c, w_c, q_c, a_c, k_c, d_c in zip(u_t.unbind(2), w.unbind(2), qe.unbind(2),
                                              att.unbind(2), kd.unbind(2), decay.unbind(2)):
         u = u_c - w_c @ S
         out.append(q_c @ S + a_c @ u)
         S = d_c * S + k_c.transpose(-1, -2) @ u
-    return (s * torch.stack(out, dim=2)).reshape(B, H, n, D)[:, :, :N]
+    return (s * torch.stack(out, dim=2)).reshape(B, H, n, D)[:, :, :N], S

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from ..core import Variant, compute_dtype, param, register
-from .chunked import (chunk_channel_gate, chunk_delta, chunk_delta_channel, chunk_length,
-                      chunk_scalar_gate)
+from .chunked import (block_rows, chunk_channel_gate, chunk_delta, chunk_delta_channel,
+                      chunk_length, chunk_scalar_gate, stream)
 from .decoding import RecurrentDecoding
 from .gates import BETA, GATE_CHANNEL, GATE_HEAD, GATE_KDA
 from .reference import dense_weights, recurrence
@@ -65,8 +65,13 @@ class Recurrent(RecurrentDecoding, Variant):
                            {n: t.to(ct) for n, t in inputs.items()})
 
     def attend(self, q, k, v, causal, **inputs):
-        dtype = q.dtype
-        return self._chunked(*self._in(q, k, v, inputs, compute_dtype(dtype))).to(dtype)
+        """Block by block (`chunked.stream`): the cast, the L2 normalisation and the chunk
+        kernels on blocks of a few thousand tokens, the state carried between them."""
+        B, H, N, D = q.shape
+        ct = compute_dtype(q.dtype)
+        rows = block_rows(B, H, self._c(N), D)
+        return stream(lambda qb, kb, vb, ib, S: self._chunked(*self._in(qb, kb, vb, ib, ct), S),
+                      q, k, v, inputs, rows, q.dtype)
 
     def attention_weights(self, q, k, causal, **inputs):
         dtype = q.dtype
@@ -81,7 +86,7 @@ class Recurrent(RecurrentDecoding, Variant):
     def state_size(self, N, D):
         return D * D
 
-    def _chunked(self, q, k, v, g, beta):
+    def _chunked(self, q, k, v, g, beta, S=None):
         raise NotImplementedError
 
     def _c(self, N):
@@ -105,8 +110,8 @@ class Retention(Recurrent):
     def _terms(self, q, k, v, inputs):
         return q, k, v, retention_log_decay(q), None
 
-    def _chunked(self, q, k, v, g, beta):
-        return chunk_scalar_gate(q, k, v, g, self.params.chunk)
+    def _chunked(self, q, k, v, g, beta, S=None):
+        return chunk_scalar_gate(q, k, v, g, self.params.chunk, S)
 
     def flops(self, B, H, N, D, causal=False):
         return B * H * _linear_flops(N, self._c(N), D)
@@ -129,8 +134,8 @@ class GLA(Recurrent):
     paper = "https://arxiv.org/abs/2312.06635"
     inputs = (GATE_CHANNEL,)
 
-    def _chunked(self, q, k, v, g, beta):
-        return chunk_channel_gate(q, k, v, g, self.params.chunk, self.params.sub_chunk)
+    def _chunked(self, q, k, v, g, beta, S=None):
+        return chunk_channel_gate(q, k, v, g, self.params.chunk, self.params.sub_chunk, S)
 
     def flops(self, B, H, N, D, causal=False):
         C = chunk_length(N, self.params.chunk, self.params.sub_chunk)
@@ -148,8 +153,8 @@ class Mamba2(Recurrent):
     paper = "https://arxiv.org/abs/2405.21060"
     inputs = (GATE_HEAD,)
 
-    def _chunked(self, q, k, v, g, beta):
-        return chunk_scalar_gate(q, k, v, g, self.params.chunk)
+    def _chunked(self, q, k, v, g, beta, S=None):
+        return chunk_scalar_gate(q, k, v, g, self.params.chunk, S)
 
     def flops(self, B, H, N, D, causal=False):
         return B * H * _linear_flops(N, self._c(N), D)
@@ -171,8 +176,8 @@ class DeltaNet(Recurrent):
     inputs = (BETA,)
     delta = True
 
-    def _chunked(self, q, k, v, g, beta):
-        return chunk_delta(q, k, v, beta, None, self.params.chunk)
+    def _chunked(self, q, k, v, g, beta, S=None):
+        return chunk_delta(q, k, v, beta, None, self.params.chunk, S)
 
     def flops(self, B, H, N, D, causal=False):
         return B * H * _delta_flops(N, self._c(N), D)
@@ -187,8 +192,8 @@ class GatedDeltaNet(Recurrent):
     inputs = (GATE_HEAD, BETA)
     delta = True
 
-    def _chunked(self, q, k, v, g, beta):
-        return chunk_delta(q, k, v, beta, g, self.params.chunk)
+    def _chunked(self, q, k, v, g, beta, S=None):
+        return chunk_delta(q, k, v, beta, g, self.params.chunk, S)
 
     def flops(self, B, H, N, D, causal=False):
         return B * H * _delta_flops(N, self._c(N), D)
@@ -206,8 +211,9 @@ class KimiDeltaAttention(Recurrent):
     inputs = (GATE_KDA, BETA)
     delta = True
 
-    def _chunked(self, q, k, v, g, beta):
-        return chunk_delta_channel(q, k, v, beta, g, self.params.chunk, self.params.sub_chunk)
+    def _chunked(self, q, k, v, g, beta, S=None):
+        return chunk_delta_channel(q, k, v, beta, g, self.params.chunk, self.params.sub_chunk,
+                                   S)
 
     def flops(self, B, H, N, D, causal=False):
         C = chunk_length(N, self.params.chunk, self.params.sub_chunk)
