@@ -100,10 +100,10 @@ def reach(config: TrainConfig, module) -> float | None:
     if mask is None:
         return None
     task = tasks.get(config.task)
-    inputs, labels = task.generate(config.test_examples, seq_len=config.seq_len,
-                                   vocab_size=config.vocab_size, seed=2 * config.seed + 1,
-                                   **config.task_param_dict)  # the held-out set (trainer)
-    at = task.answer_at(inputs, labels)
+    _, (inputs, labels) = tasks.split(  # the held-out set the trainer scores
+        config.task, config.train_examples, config.test_examples, seed=config.seed,
+        seq_len=config.seq_len, vocab_size=config.vocab_size, **config.task_param_dict)
+    at = task.answer_at(inputs, labels, **config.task_param_dict)
     rows, cols = (at >= 0).nonzero(as_tuple=True)
     if len(rows) == 0:
         return None

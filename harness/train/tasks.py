@@ -6,9 +6,14 @@ by the loss and the accuracy) except at the positions the model is scored on. A 
 states whether a non-causal mixer may be trained on it (no label can be read from the
 positions after it) and what is wrong with a setting before anything is generated.
 
-    mqar   multi-query associative recall (Zoology, Arora et al. 2023)
+    mqar               multi-query associative recall (Zoology, Arora et al. 2023)
+    selective_copying  copy the tokens scattered among blanks (MAD, Poli et al. 2024)
+    noisy_recall       in-context recall with noise tokens between the pairs (MAD)
+    fuzzy_recall       in-context recall of multi-token values by multi-token keys (MAD)
 
-Adding a task: a generator, a `problems` check and one `register(Task(...))` line here.
+MAD's generators live in mad_tasks.py. Adding a task: a generator, a `problems` check and
+one `register(Task(...))` line here. `split` draws a configuration's training and held-out
+sets, disjoint.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import dataclasses
 from typing import Callable
 
 import torch
+
+from harness.train import mad_tasks
 
 IGNORE = -100  # the label of a position that is not scored (torch's cross_entropy default)
 
@@ -34,9 +41,9 @@ class Task:
     problems: Callable[..., list[str]]
     # (seq_len, vocab_size, **params) -> the accuracy of a model that reads nothing
     chance: Callable[..., float]
-    # (inputs, labels) -> for each scored position, the position where its answer was
-    # written (MQAR: the value after the first occurrence of the queried key); -1 elsewhere
-    answer_at: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # (inputs, labels, **params) -> for each scored position, the position where its answer
+    # was written (MQAR: the value after the first occurrence of the queried key); -1 elsewhere
+    answer_at: Callable[..., torch.Tensor]
     non_causal_ok: bool  # True: no answer is in the input after its scored position
 
 
@@ -58,6 +65,38 @@ def get(name: str) -> Task:
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; tasks: {', '.join(_TASKS)}")
     return _TASKS[name]
+
+
+REDRAWS = 20  # held-out redraws before a setting is declared too small to split
+
+
+def split(name: str, train_examples: int, test_examples: int, *, seed: int, seq_len: int,
+          vocab_size: int, **params) -> tuple[tuple[torch.Tensor, torch.Tensor],
+                                               tuple[torch.Tensor, torch.Tensor]]:
+    """A configuration's ((train inputs, labels), (held-out inputs, labels)), disjoint.
+
+    The training set is drawn with seed 2 seed, the held-out set with 2 seed + 1; a
+    held-out example whose inputs equal a training example's is dropped and the held-out
+    set topped up from further draws (seeds 2 seed + 1 + 2^40 r, r = 1, 2, ...), in order,
+    so the same arguments give the same sets. ValueError when REDRAWS draws do not give
+    enough: the setting has too few distinct examples for the two sets.
+    """
+    task = get(name)
+    common = dict(seq_len=seq_len, vocab_size=vocab_size, **params)
+    train = task.generate(train_examples, seed=2 * seed, **common)
+    seen = {tuple(r) for r in train[0].tolist()}
+    xs, ys, have = [], [], 0
+    for r in range(REDRAWS + 1):
+        x, y = task.generate(test_examples, seed=2 * seed + 1 + (r << 40), **common)
+        keep = torch.tensor([tuple(row) not in seen for row in x.tolist()], dtype=torch.bool)
+        xs.append(x[keep][:test_examples - have])
+        ys.append(y[keep][:test_examples - have])
+        have += len(xs[-1])
+        if have == test_examples:
+            return train, (torch.cat(xs), torch.cat(ys))
+    raise ValueError(f"{name}: {REDRAWS + 1} draws of {test_examples} held-out examples gave "
+                     f"{have} not among the {train_examples} training examples: the setting "
+                     f"has too few distinct examples")
 
 
 # -- MQAR ------------------------------------------------------------------------------------
@@ -150,7 +189,7 @@ def mqar(num_examples: int, seq_len: int, vocab_size: int, num_kv_pairs: int, *,
     return inputs, labels
 
 
-def mqar_answer_at(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def mqar_answer_at(inputs: torch.Tensor, labels: torch.Tensor, **_) -> torch.Tensor:
     """(n, N): at each query, the position of its key's value in the pairs; -1 elsewhere."""
     scored = labels != IGNORE
     first = torch.full_like(inputs, -1)
@@ -180,3 +219,48 @@ register(Task(
     answer_at=mqar_answer_at,
     non_causal_ok=True,
 ))
+
+
+# -- MAD's tasks (mad_tasks.py) --------------------------------------------------------------
+MAD = "https://arxiv.org/abs/2403.17844"
+
+register(Task(
+    name="selective_copying",
+    summary="selective copying: tokens scattered among blanks, copied in order after a separator",
+    paper=MAD,
+    params={"num_tokens": 4},
+    generate=lambda num_examples, seq_len, vocab_size, *, seed=0, **p:
+        mad_tasks.selective_copying(num_examples, seq_len, vocab_size, seed=seed, **p),
+    problems=mad_tasks.selective_copying_problems,
+    chance=mad_tasks.selective_copying_chance,
+    answer_at=lambda inputs, labels, **_: mad_tasks.selective_copying_answer_at(inputs, labels),
+    non_causal_ok=True,  # outputs are blanks: the copied tokens are all before them
+))
+
+register(Task(
+    name="noisy_recall",
+    summary="in-context recall, pairs repeated, noise tokens in slots between them",
+    paper=MAD,
+    params={"noise_vocab_size": 16, "frac_noise": 0.2},
+    generate=lambda num_examples, seq_len, vocab_size, *, seed=0, **p:
+        mad_tasks.noisy_recall(num_examples, seq_len, vocab_size, seed=seed, **p),
+    problems=mad_tasks.noisy_recall_problems,
+    chance=mad_tasks.noisy_recall_chance,
+    answer_at=lambda inputs, labels, **_: mad_tasks.recall_answer_at(inputs, labels, 1),
+    non_causal_ok=False,  # every value, a scored one too, follows its key in the input
+))
+
+register(Task(
+    name="fuzzy_recall",
+    summary="in-context recall of value spans by key spans (several tokens each)",
+    paper=MAD,
+    params={"key_len": 2, "value_len": 2},
+    generate=lambda num_examples, seq_len, vocab_size, *, seed=0, **p:
+        mad_tasks.fuzzy_recall(num_examples, seq_len, vocab_size, seed=seed, **p),
+    problems=mad_tasks.fuzzy_recall_problems,
+    chance=mad_tasks.fuzzy_recall_chance,
+    answer_at=lambda inputs, labels, key_len=2, **_: mad_tasks.recall_answer_at(
+        inputs, labels, key_len),
+    non_causal_ok=False,  # the value span follows its key span, the scored ones too
+))
+

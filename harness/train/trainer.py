@@ -6,8 +6,9 @@ in shuffled epochs of a fixed training set, the held-out set scored every `eval_
 and at the end; the run stops early once held-out accuracy reaches `early_stop`.
 Accuracy is the share of scored positions (labels != -100) whose arg-max prediction is the
 label. Everything random comes from the configuration's seed: the training set from
-2 seed, the held-out set from 2 seed + 1 (so the two always differ), the initial weights
-and the batch order from seed. On the same threads, the same configuration and rate give
+2 seed, the held-out set from 2 seed + 1 with any example also in the training set
+replaced by a further draw (tasks.split: the two are disjoint), the initial weights and
+the batch order from seed. On the same threads, the same configuration and rate give
 the same numbers.
 """
 
@@ -39,11 +40,9 @@ def datasets(config: TrainConfig) -> tuple[tuple[torch.Tensor, torch.Tensor],
            config.train_examples, config.test_examples, config.seed)
     if key not in _DATA:
         _DATA.clear()
-        task = tasks.get(config.task)
-        common = dict(seq_len=config.seq_len, vocab_size=config.vocab_size,
-                      **config.task_param_dict)
-        _DATA[key] = (task.generate(config.train_examples, seed=2 * config.seed, **common),
-                      task.generate(config.test_examples, seed=2 * config.seed + 1, **common))
+        _DATA[key] = tasks.split(config.task, config.train_examples, config.test_examples,
+                                 seed=config.seed, seq_len=config.seq_len,
+                                 vocab_size=config.vocab_size, **config.task_param_dict)
     return _DATA[key]
 
 
