@@ -42,6 +42,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="print the plan (configurations, declared skips, an upper-bound time) "
                         "and train nothing")
     p.add_argument("--variants", help="comma-separated variant names to keep")
+    p.add_argument("--task", help="comma-separated task names to keep (harness.train.tasks: "
+                                  "mqar, selective_copying, noisy_recall, fuzzy_recall, ...)")
     p.add_argument("--threads", help="torch threads in the worker (0: all cores)")
     p.add_argument("--workers", help="configurations trained at once, each in its own worker "
                                      "process (default: the matrix's `workers`, else 1)")
@@ -52,6 +54,8 @@ def overrides_from(args) -> dict:
     out = {}
     if args.variants is not None:
         out["variants"] = [t.strip() for t in args.variants.split(",") if t.strip()]
+    if getattr(args, "task", None) is not None:
+        out["task"] = [t.strip() for t in args.task.split(",") if t.strip()]
     if args.threads is not None:
         out["threads"] = _parse(args.threads, int, "threads")
     return out
@@ -59,18 +63,12 @@ def overrides_from(args) -> dict:
 
 def plan(configs: list[tm.TrainConfig], n_shards: int = 1, workers: int = 1) -> int:
     """Print the configurations, their declared skips and an upper-bound time estimate."""
-    import variants
-
     rate = matmul_fp32_gflops(configs[0].threads) * 1e9
     reasons, costs = Counter(), []
-    for c in configs:
-        module = variants.build(c.variant, **c.param_dict)
-        why = [r for r in runner.skip_reasons(c, module) if r != runner.NO_CUDA]
+    for c, t, why in estimate.plan_seconds(configs, rate, runner.skip_reasons):
         if why:
             reasons[f"{c.variant}: {'; '.join(why)}"] += 1
-            costs.append((c, 0.0))
-        else:
-            costs.append((c, estimate.config_seconds(c, module, rate)))
+        costs.append((c, t))
     skipped = sum(reasons.values())
     total = sum(t for _, t in costs)
     runs = sum(len(c.lrs) for c, t in costs if t)
