@@ -205,7 +205,8 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
     """Check every key of a raw training matrix; return {"groups": [full group, ...]}.
 
     Every problem is collected and raised together as one UsageError ("; "-joined).
-    `overrides` (the command line) replace keys in every group; "variants" there narrows.
+    `overrides` (the command line) replace keys in every group; "variants" and "task" there
+narrow (keep only the named ones; a group left with no task is dropped).
     """
     errors: list[str] = []
     raw = copy.deepcopy(raw)
@@ -216,6 +217,7 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
         groups_raw = None
     overrides = dict(overrides or {})
     narrow = overrides.pop("variants", None)
+    narrow_tasks = overrides.pop("task", None)  # --task: keep the groups' tasks named there
     full = []
     for i, g in enumerate(groups_raw or [{}]):
         where = f"groups[{i}]" if groups_raw else "top level"
@@ -239,11 +241,31 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
         full.append(merged)
     if narrow is not None:
         narrow_variants(full, narrow, errors)
+    if narrow_tasks is not None:
+        full = _narrow_tasks(full, narrow_tasks, errors)
     if not errors:
         expand({"groups": full}, errors)  # settings the tasks or the model cannot take
     if errors:  # a top-level key is checked once per group: each problem once
         raise UsageError("; ".join(dict.fromkeys(errors)))
     return {"groups": full}
+
+
+def _narrow_tasks(groups: list[dict], wanted: list[str], errors: list[str]) -> list[dict]:
+    """The groups narrowed to the tasks in `wanted` (--task), those left with none dropped;
+    a task that is not registered, or not in the matrix, is an error."""
+    present = {t for g in groups for t in g["task"]}
+    for t in wanted:
+        if t not in tasks.names():
+            errors.append(f"unknown task {t!r}; tasks: {', '.join(tasks.names())}")
+        elif t not in present:
+            errors.append(f"task {t!r} is not in this matrix (it trains "
+                          f"{', '.join(sorted(present))})")
+    out = []
+    for g in groups:
+        g["task"] = [t for t in g["task"] if t in wanted]
+        if g["task"]:
+            out.append(g)
+    return out
 
 
 def expand(matrix: dict, errors: list[str] | None = None) -> list[TrainConfig]:

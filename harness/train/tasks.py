@@ -228,7 +228,7 @@ register(Task(
     name="selective_copying",
     summary="selective copying: tokens scattered among blanks, copied in order after a separator",
     paper=MAD,
-    params={"num_tokens": 4},
+    params={"num_tokens": 2},
     generate=lambda num_examples, seq_len, vocab_size, *, seed=0, **p:
         mad_tasks.selective_copying(num_examples, seq_len, vocab_size, seed=seed, **p),
     problems=mad_tasks.selective_copying_problems,
