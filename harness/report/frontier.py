@@ -111,9 +111,10 @@ def smallest_state_table(tr: pd.DataFrame) -> pd.DataFrame:
                                                       ascending=[True, False], kind="stable")
         if good.empty:
             b = g.loc[g["accuracy"].idxmax()]
-            rows.append({"task setting": s, "smallest state reaching 0.9":
-                         f"none reached 0.9 (best: {b['variant']} {b['size']} "
-                         f"{b['accuracy']:.3f}{marks(b)})".replace(" )", ")")})
+            best = " ".join(x for x in (b["variant"], b["size"],
+                                        f"{b['accuracy']:.3f}{marks(b)}") if x)
+            rows.append({"task setting": s,
+                         "smallest state reaching 0.9": f"none reached 0.9 (best: {best})"})
             continue
         r = good.iloc[0]
         rows.append({"task setting": s, "smallest state reaching 0.9": r["variant"],
