@@ -293,7 +293,7 @@ def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) ->
 
     df: ok train.csv rows of one setting with `line`, `variant`, `state_bytes`, `accuracy`,
     `rising` and `chance`."""
-    from matplotlib.ticker import NullLocator
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
     data = df.dropna(subset=["state_bytes"]).sort_values("state_bytes")
     palette, _, _ = _styles(data.drop_duplicates("line"))
@@ -316,6 +316,9 @@ def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) ->
         ax.axhline(bar, color="grey", linestyle="--", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(
+        lambda v, _: f"{v / 1024:g} KiB" if v >= 1024 else f"{v:g} B"))
+    ax.tick_params(axis="x", labelsize=7)
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(textwrap.fill(title, 60), fontsize=9)
     ax.set_xlabel("state per example (bytes, float32; log)")

@@ -27,8 +27,8 @@ from harness.train.model import RecallModel
 
 EVAL_BATCH = 256
 # `rising`: the last held-out evaluation beats every evaluation before the last two by more
-# than this (one point of accuracy; 1000 held-out examples of 8 queries put a binomial
-# standard error of about 0.005 on one evaluation near 0.5).
+# than this: one point of accuracy, about the binomial standard error of one evaluation of
+# 500 held-out examples of 8 queries near 0.5 (0.008; 0.006 with 16 queries).
 RISE_MARGIN = 0.01
 _DATA: dict[tuple, tuple] = {}  # one worker trains every rate of a configuration on one set
 
