@@ -10,7 +10,9 @@ killer) or runs out of memory is replaced before the next run. With `workers` > 
 many configurations train at once, each in its own worker process. The sweep stops at the
 first rate that reaches `early_stop`; the row reports the best held-out accuracy over the
 rates tried and the run of the rate that reached it (Zoology's report: the best over a
-sweep of learning rates).
+sweep of learning rates), with what tells a fair sweep from an unfinished one: every rate
+of the sweep (`lrs`), whether the winning run was still rising at its budget and whether
+its rate is at an end of the sweep (`lr_at_edge`).
 """
 
 from __future__ import annotations
