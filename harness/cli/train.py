@@ -32,7 +32,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default=None,
                      help="train-quick (default: about 5 minutes on 2 cores), train-cpu (the "
-                          "reference, about an hour), train-gpu (Zoology's Figure 2 grid)")
+                          "recall frontier on two MQAR settings, under an hour), mad-cpu "
+                          "(MQAR and MAD's tasks), train-gpu (Zoology's Figure 2 grid)")
     src.add_argument("--config", default=None, help="a training matrix .toml of your own")
     p.add_argument("--results-dir", default="results", type=Path)
     p.add_argument("--run-id", default=None,
