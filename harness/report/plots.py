@@ -297,18 +297,24 @@ def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) ->
 
     data = df.dropna(subset=["state_bytes"]).sort_values("state_bytes")
     palette, _, _ = _styles(data.drop_duplicates("line"))
+    # Past ten variants the colours are husl's, neighbours alike: each line also gets its
+    # own marker and dash, so that two similar hues are still told apart.
+    marker_cycle, dash_cycle = ["o", "s", "^", "D", "v", "P", "X"], ["", (4, 2), (1, 1.5)]
+    marker = {ln: marker_cycle[i % 7] for i, ln in enumerate(palette)}
+    dash = {ln: dash_cycle[i % 3] for i, ln in enumerate(palette)}
     w, h = grid_size_px(1, 1)
     fig = _new_figure(w / DPI, h / DPI)
     ax = fig.subplots(1, 1)
     for line, sub in data.groupby("line", sort=False):
         best = sub.groupby("state_bytes", as_index=False)["accuracy"].max()
         colour = palette[line]
-        ax.plot(best["state_bytes"], best["accuracy"], color=colour, linewidth=1.2)
+        ax.plot(best["state_bytes"], best["accuracy"], color=colour, linewidth=1.2,
+                linestyle=(0, dash[line]) if dash[line] else "-")
         rising = sub["rising"].fillna(False).astype(bool)
         ax.scatter(sub.loc[~rising, "state_bytes"], sub.loc[~rising, "accuracy"], s=18,
-                   color=colour, zorder=3)
+                   color=colour, marker=marker[line], zorder=3)
         ax.scatter(sub.loc[rising, "state_bytes"], sub.loc[rising, "accuracy"], s=18,
-                   facecolors="white", edgecolors=colour, zorder=3)
+                   facecolors="white", edgecolors=colour, marker=marker[line], zorder=3)
     if len(data):
         lo, hi = data["state_bytes"].min(), data["state_bytes"].max()
         ax.plot([lo, hi], [data["chance"].mean()] * 2, color="black", linestyle=":",
@@ -327,8 +333,8 @@ def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) ->
     _adjust(fig, 1, 1)
     chance, line09 = "chance (a model that reads nothing)", f"accuracy {bar:g}"
     _legend(fig, {**palette, chance: "black", line09: "grey"}, 1,
-            {**{k: "" for k in palette}, chance: (1, 1.5), line09: (4, 2)},
-            {**{k: "o" for k in palette}, chance: "", line09: ""})
+            {**dash, chance: (1, 1.5), line09: (4, 2)},
+            {**marker, chance: "", line09: ""})
     return _save(fig, path)
 
 
