@@ -77,3 +77,19 @@ def write_run(folder: Path, rows: list[dict], meta: dict | None = None) -> Path:
     pd.DataFrame(rows).to_csv(folder / "results.csv", index=False)
     (folder / "meta.json").write_text(json.dumps(META if meta is None else meta))
     return folder
+
+
+def write_train(folder: Path, rows: list[dict], columns=None, meta: bool = True) -> Path:
+    """A training folder: train.csv of rows (the train.csv columns, or `columns` for an
+    older file) and, with `meta`, a train_meta.json of an empty matrix."""
+    from harness.files import TRAIN_COLUMNS, CsvLog
+
+    folder.mkdir(parents=True, exist_ok=True)
+    log = CsvLog(folder / "train.csv", TRAIN_COLUMNS if columns is None else columns)
+    log.open()
+    for r in rows:
+        log.append(r)
+    log.close()
+    if meta:
+        (folder / "train_meta.json").write_text(json.dumps({"matrix": {"groups": []}}))
+    return folder

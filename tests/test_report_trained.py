@@ -18,7 +18,6 @@ import pytest
 
 import run_bench
 from harness.errors import UsageError
-from harness.files import TRAIN_COLUMNS, CsvLog
 from harness.report.build import write_report
 from harness.report.compare import compare_trained
 from harness.report.trained import answer_table, forward_times, read_train
@@ -54,13 +53,7 @@ def _sweep(folder: Path, rows=None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rows = rows or ([_row(v, n) for n in (512, 8192) for v in SWEEP]
                     + [_row("linformer", 512, status="skipped", reason="linformer k too big")])
-    log = CsvLog(folder / "train.csv", TRAIN_COLUMNS)
-    log.open()
-    for r in rows:
-        log.append(r)
-    log.close()
-    (folder / "train_meta.json").write_text(json.dumps({"matrix": {"groups": []}}))
-    return folder
+    return report_synth.write_train(folder, rows)
 
 
 def test_the_answer_is_the_fastest_step_above_the_bar_at_each_setting(tmp_path):

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
+import report_synth
 import variants
-from harness.files import TRAIN_COLUMNS, CsvLog
+from harness.files import TRAIN_COLUMNS
 from harness.report.build import write_report
 from harness.report.frontier import smallest_state_table, task_table
 from harness.report.trained import read_train
@@ -197,15 +198,7 @@ FRONTIER = [
 ]
 
 
-def _write(folder: Path, rows) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    log = CsvLog(folder / "train.csv", TRAIN_COLUMNS)
-    log.open()
-    for r in rows:
-        log.append(r)
-    log.close()
-    (folder / "train_meta.json").write_text(json.dumps({"matrix": {"groups": []}}))
-    return folder
+_write = report_synth.write_train
 
 
 def test_the_smallest_state_reaching_0_9(tmp_path):
@@ -265,13 +258,7 @@ def test_an_older_train_csv_reads_with_the_new_columns_empty(tmp_path):
     """A file written before state_bytes, lrs, rising and lr_at_edge existed still reports:
     state_bytes from state_size, the flags empty."""
     old = [c for c in TRAIN_COLUMNS if c not in ("state_bytes", "lrs", "rising", "lr_at_edge")]
-    folder = tmp_path / "old"
-    folder.mkdir()
-    log = CsvLog(folder / "train.csv", old)
-    log.open()
-    for r in FRONTIER[:3]:
-        log.append(r)
-    log.close()
+    folder = report_synth.write_train(tmp_path / "old", FRONTIER[:3], columns=old, meta=False)
     tr = read_train(folder / "train.csv")
     assert list(tr["state_bytes"]) == [5120, 9216, 17408]
     assert tr["rising"].isna().all()
