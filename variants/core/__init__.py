@@ -5,11 +5,12 @@ one list of variants (`register`, `build`, `names`, `spec`); `reference` is exac
 attention in float64, in query chunks, that every error is measured against; `checks`
 (shapes, key masks, the 1/sqrt(D) scale) sits below both; `ops` holds the in-place numerics
 the families' kernels share; `decoding` the states a decoder keeps (a key-value cache
-written in place, a ring buffer). Imports: torch only; nothing from the families.
+written in place, a ring buffer; `CacheDecoder`, the extend of a variant that decodes from
+one). Imports: torch only; nothing from the families.
 """
 
 from .checks import KeyMask, check_qkv, softmax_scale
-from .decoding import DecodeState, KVCache, RingKV
+from .decoding import CacheDecoder, DecodeState, KVCache, RingKV
 from .inputs import InputSpec
 from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
 from .ops import (Workspace, compute_dtype, exp_, softmax_, softmax_logsumexp,
@@ -18,7 +19,7 @@ from .reference import dense_mask, exact_reference, naive_attention, softmax_wei
 from .registry import (ParamSpec, VariantSpec, build, make_params, names, register,
                        spec)
 
-__all__ = ["DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
+__all__ = ["CacheDecoder", "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
            "RingKV", "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build",
            "check_qkv", "compute_dtype", "dense_mask", "exact_reference", "exp_",
            "make_params", "naive_attention", "names", "param", "register", "softmax_",

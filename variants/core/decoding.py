@@ -159,3 +159,11 @@ class RingKV(DecodeState):
     def values(self) -> torch.Tensor:
         return self.v[:, :, :self.held()]
 
+
+class CacheDecoder:
+    """Mixed into a Variant whose decoding state is a cache of keys and values (KVCache,
+    RingKV): more context is written into the cache as it is, no outputs made."""
+
+    def decode_extend(self, state, k, v):
+        state.extend(k, v)
+        return state

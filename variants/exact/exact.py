@@ -12,10 +12,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..core import KVCache, Variant, naive_attention, register
+from ..core import CacheDecoder, KVCache, Variant, naive_attention, register
 
 
-class _Exact(Variant):
+class _Exact(CacheDecoder, Variant):
     family = "exact"
     exact = True
     paper = "https://arxiv.org/abs/1706.03762"
@@ -30,10 +30,6 @@ class _Exact(Variant):
 
     def decode_prefill(self, k, v, max_len):
         return KVCache.prefill(k, v, max_len)  # preallocated, written in place per token
-
-    def decode_extend(self, state, k, v):
-        state.extend(k, v)
-        return state
 
     def decode_step(self, state, q, k, v):
         state.append(k, v)

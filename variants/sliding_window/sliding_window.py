@@ -22,7 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import KeyMask, RingKV, Variant, naive_attention, param, register, softmax_scale
+from ..core import (CacheDecoder, KeyMask, RingKV, Variant, naive_attention, param, register,
+                    softmax_scale)
 from .band_rows import band_rows_attention
 
 # Query-chunk rows: half the window, within these bounds. A chunk scores c + 2w keys per
@@ -159,7 +160,7 @@ class SameBand:
 
 
 @register
-class SlidingWindow(Variant):
+class SlidingWindow(CacheDecoder, Variant):
     """Exact softmax attention restricted to a band |i - j| <= window (Longformer's local part)."""
     name = "sliding_window"
     family = "sliding_window"
@@ -185,10 +186,6 @@ class SlidingWindow(Variant):
     def decode_prefill(self, k, v, max_len):
         # Query i sees i - window .. i: a ring of the last window + 1 keys and values.
         return RingKV.prefill(k, v, min(self.params.window + 1, max(max_len, 1)))
-
-    def decode_extend(self, state, k, v):
-        state.extend(k, v)
-        return state
 
     def decode_step(self, state, q, k, v):
         state.append(k, v)

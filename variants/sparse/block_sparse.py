@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from ..core import KVCache, KeyMask, Variant, naive_attention, param, register
+from ..core import CacheDecoder, KVCache, KeyMask, Variant, naive_attention, param, register
 from .block_rows import block_rows_attention
 
 # Plans a module keeps (per length, causal, device and B H); a causal plan holds ~N * 8
@@ -86,7 +86,7 @@ def in_layout(layout: torch.Tensor, block_size: int, i: torch.Tensor,
 
 
 @register
-class BlockSparse(Variant):
+class BlockSparse(CacheDecoder, Variant):
     """Exact softmax attention restricted to a BigBird block layout (window + global + random)."""
     name = "block_sparse"
     family = "sparse"
@@ -160,10 +160,6 @@ class BlockSparse(Variant):
         state = KVCache.prefill(k, v, max_len)
         # Not state: the layout (the module's, for this length) and each row block's keys.
         state.layout, state.keys_of = self._layout(max_len).to(k.device), {}
-        return state
-
-    def decode_extend(self, state, k, v):
-        state.extend(k, v)
         return state
 
     def decode_step(self, state, q, k, v):
