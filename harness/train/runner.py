@@ -33,7 +33,7 @@ from tqdm import tqdm
 import variants
 from harness.measure.runner import NO_CUDA, STATUSES, Worker
 from harness.measure.store import environment, now
-from harness.train import tasks
+from harness.train import tasks, trainer
 from harness.train.matrix import TrainConfig
 from harness.train.model import CONV_KERNEL
 from harness.train.store import TrainStore
@@ -102,9 +102,7 @@ def reach(config: TrainConfig, module) -> float | None:
     if mask is None:
         return None
     task = tasks.get(config.task)
-    _, (inputs, labels) = tasks.split(  # the held-out set the trainer scores
-        config.task, config.train_examples, config.test_examples, seed=config.seed,
-        seq_len=config.seq_len, vocab_size=config.vocab_size, **config.task_param_dict)
+    _, (inputs, labels) = trainer.datasets(config)  # the held-out set the trainer scores
     at = task.answer_at(inputs, labels, **config.task_param_dict)
     rows, cols = (at >= 0).nonzero(as_tuple=True)
     if len(rows) == 0:

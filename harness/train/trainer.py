@@ -99,7 +99,8 @@ def train(config: TrainConfig, lr: float) -> dict:
     reached), steps_to_0_9 (first evaluation at >= 0.9, else None), step_ms (median time of
     a training step: forward, backward, optimiser), final_loss (mean training loss since the
     previous evaluation), train_s (the run's wall time), steps_run, n_params, history
-    [[step, accuracy], ...], rising (still_rising of that history). status "nonfinite" when the training loss turns NaN or Inf.
+    [[step, accuracy], ...], rising (still_rising of that history). status "nonfinite" when
+    the training loss turns NaN or Inf.
     """
     torch.set_num_threads(config.threads)
     device = torch.device(config.device)
