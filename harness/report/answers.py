@@ -22,7 +22,7 @@ def blocks(run: Run) -> list[tuple]:
         if not T.against_own(run.df).empty:
             out.append(("p", T.OWN_REFERENCE))
     if not run.dec.empty:
-        out += decoders.blocks(run.dec, run.train)
+        out += decoders.blocks(run.dec, run.train, run.meta.get("read_bandwidth_gbps"))
     if run.train is not None:
         out += report_trained.answer_blocks(run.train, run.timed)
     return out
