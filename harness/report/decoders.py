@@ -104,9 +104,9 @@ def blocks(dec: pd.DataFrame, train: pd.DataFrame | None = None,
                  "row_cos is against its own float64 form, not exact attention: the "
                  "Generation section). One that is not exact is named only where it beats "
                  "the fastest exact path by more than the two times' spread. exact's time / "
-                 "read bound: that exact path's time per token over the time to read its "
-                 "cache at the read rate measured in this run (1 is the memory's limit; "
-                 "above it, every × faster is larger by as much)."
+                 "read bound: that exact path's time per token over the time to move its "
+                 "cache (decode_read_mib) at the read rate measured in this run (1 is the "
+                 "memory's limit; above it, every × faster is larger by as much)."
                  + ("" if read_gbps else " This run's meta.json has no read rate: –.")),
            ("table", table)]
     if train is not None:

@@ -152,9 +152,9 @@ def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tupl
         bound = exact_bound_table(g, read) if read else pd.DataFrame()
         blocks += [("p", "How far the exact path, the baseline of every × faster than exact, "
                          "is from its read bound in this run (time per token over the time "
-                         "to move its cache at the read rate; 1 is the memory's limit, and "
-                         "a × faster is that much larger than against a baseline at the "
-                         "bound):" if read else
+                         "to move its cache at the read rate; 1 is the memory's limit, below "
+                         "it the cache fits the CPU's caches; above it, a × faster is that "
+                         "much larger than against a baseline at the bound):" if read else
                          "This run's meta.json has no read rate: how far the exact path, "
                          "the baseline of every × faster than exact, is from its read bound "
                          "is not known here."), ("table", bound)]
