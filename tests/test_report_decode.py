@@ -98,6 +98,15 @@ def test_a_recurrence_is_named_only_where_it_learned_to_recall(tmp_path):
     assert len(decoders.blocks(dec)) == 3  # no train.csv: no recall line
 
 
+def test_the_recall_line_counts_an_exact_path_that_recalls(tmp_path):
+    """At a short context the cache is small: sdpa, which recalls, decodes fastest."""
+    dec = _dec(tmp_path, [decode_row("sdpa", 1024, time_ms=0.05),
+                          decode_row("sliding_window", 1024)])
+    (r,) = decoders.fastest_table(dec, {"sdpa": 1.0, "sliding_window": 0.97}, None,
+                                  by_recall=True).to_dict("records")
+    assert r["fastest decoder"] == "sdpa" and r["accuracy"] == "trained recall 1.000"
+
+
 def test_beside_each_faster_than_exact_the_exact_paths_time_over_its_read_bound(tmp_path):
     rows = decode_rows(names=("sdpa", "linear"))
     rows += [decode_row("sliding_window", n, row_cos=0.999) for n in CONTEXTS]

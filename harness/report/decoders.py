@@ -55,11 +55,10 @@ def fastest_table(dec: pd.DataFrame, recall: dict[str, float], read_gbps: float 
     for (setting, n), g in ok.groupby(["setting", "seq_len"], sort=True):
         exact = g[g["exact"]]
         ex = exact.loc[exact["time_ms"].idxmin()] if not exact.empty else None
-        cand = g[named[g.index] & ~g["exact"]]
+        # by_recall: exact paths that recall compete too
+        cand = g[named[g.index] & (by_recall | ~g["exact"])]
         fast = cand.loc[cand["time_ms"].idxmin()] if not cand.empty else None
-        if by_recall:  # exact paths that recall compete too
-            cand = g[named[g.index]]
-            fast = cand.loc[cand["time_ms"].idxmin()] if not cand.empty else None
+        if by_recall:
             best, verdict = fast, ""
         elif fast is None:
             best = ex
