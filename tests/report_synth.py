@@ -93,3 +93,46 @@ def write_train(folder: Path, rows: list[dict], columns=None, meta: bool = True)
     if meta:
         (folder / "train_meta.json").write_text(json.dumps({"matrix": {"groups": []}}))
     return folder
+
+
+# A decode run (pass `decode`): name -> (family, params, exact, err_ref, ms per token at
+# context N, row_cos of the generated tokens, state MiB at N). As in results/decode-quiet:
+# the window and linear attention decode fastest and far from exact attention; the
+# recurrences' row_cos is against their own float64 form (err_ref recurrence), 1 by
+# construction, and says nothing of recall.
+CONTEXTS = (4096, 65536, 1048576)
+READ_GBPS = 20.0
+DECODERS = {
+    "sdpa": ("exact", {}, True, "softmax", lambda n: 0.14 * n / 1024, 1.0,
+             lambda n: 2 * H * n * D * 4 / 2**20),
+    "sliding_window": ("sliding_window", {"window": 256}, False, "softmax", lambda n: 0.065,
+                       0.24, lambda n: 2 * H * 257 * D * 4 / 2**20),
+    "linear": ("linear", {"eps": 1e-6}, False, "softmax", lambda n: 0.098, 0.65,
+               lambda n: H * D * (D + 1) * 4 / 2**20),
+    "mamba2": ("recurrent", {"chunk": 64}, False, "recurrence", lambda n: 0.093, 1.0,
+               lambda n: H * D * D * 4 / 2**20),
+    "gated_deltanet": ("recurrent", {"chunk": 64}, False, "recurrence", lambda n: 0.175, 1.0,
+                       lambda n: H * D * D * 4 / 2**20),
+}
+DECODE_META = {**META, "read_bandwidth_gbps": READ_GBPS}
+
+
+def decode_row(variant, n, **over):
+    """One decode row of a DECODERS entry; `over` replaces any field. decode_read_mib is
+    the state read and, for a recurrence (which rewrites it each step), written back."""
+    fam, params, exact, err_ref, t, cos, state = DECODERS[variant]
+    r = {"variant": variant, "family": fam, "params": json.dumps(params, sort_keys=True),
+         "exact": exact, "device": "cpu", "dtype": "float32", "batch": B, "heads": H,
+         "head_dim": D, "seq_len": n, "causal": True, "pass": "decode", "input": "gaussian",
+         "status": "ok", "reason": "", "time_ms": t(n), "time_ms_iqr": t(n) * 0.02,
+         "repeats": 5, "peak_mem_mib": 0.0, "rel_err": 1e-7 if cos == 1.0 else 0.9,
+         "max_abs_err": 1e-7, "row_cos": cos, "err_ref": err_ref, "flops": None,
+         "gflops_per_s": None, "decode_tokens": 16, "prefill_ms": 1.0,
+         "decode_state_mib": state(n),
+         "decode_read_mib": state(n) * (2 if err_ref == "recurrence" else 1)}
+    r.update(over)
+    return r
+
+
+def decode_rows(contexts=CONTEXTS, names=tuple(DECODERS)) -> list[dict]:
+    return [decode_row(v, n) for v in names for n in contexts]

@@ -136,25 +136,6 @@ def test_a_decode_run_writes_rows_and_the_generation_section(tmp_path):
     assert (tmp_path / "d" / "plots" / "decode_time.png").is_file()
 
 
-def test_the_answers_name_the_fastest_decoder_and_the_fastest_that_recalls():
-    from harness.report import generation
-
-    dec = pd.DataFrame({
-        "variant": ["sdpa", "linear", "sliding_window"] * 2,
-        "label": ["sdpa", "linear", "sliding_window"] * 2,
-        "setting": ["s"] * 6, "seq_len": [1024] * 3 + [65536] * 3,
-        "time_ms": [0.2, 0.1, 0.15, 3.0, 0.1, 0.12], "decode_state_mib": [1.0] * 6,
-        "status": ["ok"] * 6})
-    train = pd.DataFrame({"variant": ["sdpa", "linear", "sliding_window"],
-                          "status": ["ok", "ok", "ok"], "accuracy": [1.0, 0.4, 0.95]})
-    blocks = generation.answers_lines(dec, train)
-    tables = [b[1] for b in blocks if b[0] == "table"]
-    assert list(tables[0]["fastest decoder"]) == ["linear", "linear"]
-    assert list(tables[1]["fastest decoder"]) == ["sliding_window", "sliding_window"]
-    assert list(tables[1]["× faster"]) == ["1.3", "25.0"]  # against sdpa's 0.2 and 3.0 ms
-    assert len(generation.answers_lines(dec)) == 3  # no train.csv: no recall line
-
-
 def test_a_sparse_decoder_reads_its_chosen_blocks_not_its_cache():
     """decode_read_size: the whole state for a dense reader; MoBA top_k blocks of b keys and
     values plus one mean per block; BigBird's row blocks of its layout."""

@@ -1,7 +1,11 @@
 """The report's "Generation" section: time and state per generated token (pass `decode`).
 
 Reads only the decode rows of results.csv and the read bandwidth in meta.json; the other
-sections never see those rows (a time per token is not a forward's time).
+sections never see those rows (a time per token is not a forward's time). The error of a
+decode row has one of two references (err_ref), each in tables of its own: float64 exact
+causal attention (softmax), or a recurrence's own float64 form (recurrence). The read
+bound is the bytes a step moves (decode_read_mib: the state in its own dtype, read, and
+written back where the step rewrites it) at the read rate measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,23 +33,6 @@ def _lines(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def fastest_table(dec: pd.DataFrame) -> pd.DataFrame:
-    """The fastest decoder at each context (per setting), beside the exact path's time."""
-    ok = T.ok_rows(dec)
-    rows = []
-    for (setting, n), g in ok.groupby(["setting", "seq_len"], sort=True):
-        best = g.loc[g["time_ms"].idxmin()]
-        exact = g[g["variant"].isin(EXACT_PATHS)]
-        ex = exact.loc[exact["time_ms"].idxmin()] if not exact.empty else None
-        rows.append({"setting": setting, "context": int(n), "fastest decoder": best["label"],
-                     "ms / token": T.fmt_num(best["time_ms"]),
-                     "state MiB": T.fmt_num(best.get("decode_state_mib")),
-                     "exact path": "–" if ex is None else ex["label"],
-                     "its ms / token": "–" if ex is None else T.fmt_num(ex["time_ms"]),
-                     "× faster": "–" if ex is None else f"{ex['time_ms'] / best['time_ms']:.1f}"})
-    return pd.DataFrame(rows)
-
-
 def faster_than_exact_from(g: pd.DataFrame) -> pd.DataFrame:
     """Per variant: the smallest measured context from which it decodes faster than the
     fastest exact path at every longer measured context ("never" within the range)."""
@@ -66,48 +53,111 @@ def faster_than_exact_from(g: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def moved_mib(ok: pd.DataFrame) -> pd.Series:
+    """The MiB a step moves (decode_read_mib; the whole state in runs before the column)."""
+    if "decode_read_mib" not in ok:
+        return ok["decode_state_mib"]
+    return ok["decode_read_mib"].fillna(ok["decode_state_mib"])
+
+
+def bound_ms(ok: pd.DataFrame, read_gbps: float | None) -> pd.Series:
+    """The read bound of each decode row (ms): the bytes it moves at the read rate; NaN
+    without a read rate."""
+    if not read_gbps or "decode_state_mib" not in ok:
+        return pd.Series(float("nan"), index=ok.index)
+    return moved_mib(ok) * MIB / (read_gbps * 1e9) * 1e3
+
+
 def bandwidth_table(dec: pd.DataFrame, read_gbps: float | None) -> pd.DataFrame:
-    """Bytes a step reads over the time per token (a step reads its whole state, or a
-    sparse decoder its chosen blocks): the bandwidth it achieves, against the read rate."""
+    """Bytes a step moves over the time per token: the bandwidth it achieves, against the
+    read rate, and its time over its read bound."""
     ok = T.ok_rows(dec)
     if ok.empty or "decode_state_mib" not in ok:
         return pd.DataFrame()
-    read = ok["decode_read_mib"] if "decode_read_mib" in ok else ok["decode_state_mib"]
-    read = read.fillna(ok["decode_state_mib"])
-    gbps = read * MIB / (ok["time_ms"] / 1e3) / 1e9
+    moved = moved_mib(ok)
+    gbps = moved * MIB / (ok["time_ms"] / 1e3) / 1e9
     out = pd.DataFrame({"variant": ok["label"], "context": ok["seq_len"].astype(int),
                         "batch": ok["batch"].astype(int),
                         "state MiB": ok["decode_state_mib"].map(T.fmt_num),
-                        "read MiB": read.map(T.fmt_num),
+                        "moved MiB": moved.map(T.fmt_num),
                         "ms / token": ok["time_ms"].map(T.fmt_num),
-                        "GB/s read": gbps.map(lambda x: f"{x:.2f}")})
+                        "GB/s moved": gbps.map(lambda x: f"{x:.2f}")})
     if read_gbps:
+        bound = bound_ms(ok, read_gbps)
         out["of the read rate"] = (gbps / read_gbps).map(lambda x: f"{x:.0%}")
-        out["read bound ms"] = (read * MIB / (read_gbps * 1e9) * 1e3).map(T.fmt_num)
+        out["read bound ms"] = bound.map(T.fmt_num)
+        out["time / read bound"] = (ok["time_ms"] / bound).map(lambda x: f"{x:.2f}")
     return out.sort_values(["variant", "batch", "context"]).reset_index(drop=True)
+
+
+def exact_bound_table(g: pd.DataFrame, read_gbps: float) -> pd.DataFrame:
+    """Per context: the fastest exact path's time per token over its read bound, the
+    baseline every "× faster than exact" divides by."""
+    ok = T.ok_rows(g)
+    ok = ok[T.is_exact(ok)].assign(bound_ms=lambda d: bound_ms(d, read_gbps))
+    rows = []
+    for n, h in ok.groupby("seq_len", sort=True):
+        ex = h.loc[h["time_ms"].idxmin()]
+        rows.append({"context": int(n), "exact path": ex["label"],
+                     "ms / token": T.fmt_num(ex["time_ms"]),
+                     "read bound ms": T.fmt_num(ex["bound_ms"]),
+                     "time / read bound": f"{ex['time_ms'] / ex['bound_ms']:.2f}"})
+    return pd.DataFrame(rows)
+
+
+INTRO = (
+    "Pass `decode`: after a prefill of N context tokens, each variant generates "
+    "decode_tokens more, one at a time; time_ms is the median time per token, "
+    "decode_state_mib the state it keeps to take the next step (a key-value cache "
+    "grows with N, a window or a recurrent state does not). The error of the generated "
+    "tokens' outputs has one of two references (err_ref), never in one table: for exact "
+    "and approximate attention (err_ref softmax), float64 exact causal attention over the "
+    "same context; for a recurrence (err_ref recurrence), which approximates no softmax, "
+    "its own float64 reference over the same context and tokens (its sequential "
+    "recurrence, or its causal forward in float64), not exact attention: there rel_err "
+    "and row_cos say whether the decoder computes its own algorithm, not whether it "
+    "recalls like attention.")
+
+
+def _error_blocks(g: pd.DataFrame) -> list[tuple]:
+    blocks: list[tuple] = []
+    cos = (lambda x: f"{x:.4f}")
+    soft, own = T.against_softmax(g), T.against_own(g)
+    if not soft.empty:
+        blocks += [("p", "row_cos of the generated tokens against float64 exact causal "
+                         "attention (err_ref softmax)"),
+                   ("table", T.metric_pivot(soft, "row_cos", cos))]
+    if not own.empty:
+        blocks += [("p", "rel_err of the generated tokens against each recurrence's own "
+                         "float64 reference (err_ref recurrence)"),
+                   ("table", T.metric_pivot(own, "rel_err", T.fmt_err)),
+                   ("p", "row_cos against the same reference (err_ref recurrence)"),
+                   ("table", T.metric_pivot(own, "row_cos", cos))]
+    return blocks
 
 
 def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tuple]:
     if dec.empty:
         return []
     read = meta.get("read_bandwidth_gbps")
-    blocks: list[tuple] = [
-        ("h", 2, "Generation"),
-        ("p", "Pass `decode`: after a prefill of N context tokens, each variant generates "
-              "decode_tokens more, one at a time; time_ms is the median time per token, "
-              "decode_state_mib the state it keeps to take the next step (a key-value cache "
-              "grows with N, a window or a recurrent state does not). rel_err and row_cos "
-              "compare the generated tokens' outputs with float64 exact causal attention "
-              "over the same context.")]
+    blocks: list[tuple] = [("h", 2, "Generation"), ("p", INTRO)]
     for setting, g in dec.groupby("setting", sort=False):
         blocks += [("h", 3, setting),
                    ("p", "ms per generated token"), ("table", T.metric_pivot(g, "time_ms")),
                    ("p", "decoding state (MiB)"),
                    ("table", T.metric_pivot(g, "decode_state_mib")),
-                   ("p", "row_cos of the generated tokens"),
-                   ("table", T.metric_pivot(g, "row_cos", lambda x: f"{x:.4f}")),
+                   *_error_blocks(g),
                    ("p", "Decodes faster than exact attention from"),
                    ("table", faster_than_exact_from(g))]
+        bound = exact_bound_table(g, read) if read else pd.DataFrame()
+        blocks += [("p", "How far the exact path, the baseline of every × faster than exact, "
+                         "is from its read bound in this run (time per token over the time "
+                         "to move its cache at the read rate; 1 is the memory's limit, below "
+                         "it the cache fits the CPU's caches; above it, a × faster is that "
+                         "much larger than against a baseline at the bound):" if read else
+                         "This run's meta.json has no read rate: how far the exact path, "
+                         "the baseline of every × faster than exact, is from its read bound "
+                         "is not known here."), ("table", bound)]
     ok = _lines(T.ok_rows(dec))
     if not ok.empty:
         pdir = run_dir / "plots"
@@ -117,45 +167,25 @@ def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tupl
         blocks.append(("img", plots.scaling_plot(ok, "decode_state_mib", "decoding state (MiB)",
                                                  pdir / "decode_state.png"),
                        "decoding state against context"))
+        if read:
+            over = ok.assign(over_bound=ok["time_ms"] / bound_ms(ok, read))
+            blocks.append(("img", plots.scaling_plot(over, "over_bound",
+                                                     "time per token over\nits read bound",
+                                                     pdir / "decode_bound.png"),
+                           "time per generated token over its read bound, against context"))
     blocks += [("h", 3, "Achieved bandwidth"),
-               ("p", "Decoding is memory-bound: a step reads its whole state (a sparse decoder "
-                     "only its chosen blocks: read MiB). GB/s read is those bytes over the time "
-                     "per token; a state small enough for the CPU's caches reads faster than "
-                     "memory does, so the comparison means something for large states only"
+               ("p", "Decoding is memory-bound. The read bound assumes a step moves the "
+                     "state's bytes in the state's own dtype (what state_nbytes counts, "
+                     "whatever the case's dtype): read once, and written back once where "
+                     "the step rewrites it (a recurrence's whole state; a key-value cache "
+                     "only appends the new token; a sparse decoder reads only its chosen "
+                     "blocks and their statistics). moved MiB is those bytes "
+                     "(decode_read_mib), GB/s moved those bytes over the time per token; "
+                     "a state small enough for the CPU's caches moves faster than memory "
+                     "does, so the comparison means something for large states only"
                      + (f", set against the read rate measured in this run ({read:.1f} GB/s, "
-                        "a sum over a 1 GiB float32 tensor); the read bound is the state's "
+                        "a sum over a 1 GiB float32 tensor); the read bound is the moved "
                         "bytes at that rate." if read else
                         "; this run's meta.json has no read rate to set it against.")),
                ("table", bandwidth_table(dec, read))]
-    return blocks
-
-
-def recalling(train: pd.DataFrame | None, reach: float = 0.9) -> set[str]:
-    """Variants (by name) with a trained configuration whose held-out accuracy reached
-    `reach` in the folder's train.csv."""
-    if train is None or train.empty:
-        return set()
-    ok = train[(train["status"] == "ok") & (train["accuracy"] >= reach)]
-    return set(ok["variant"])
-
-
-def answers_lines(dec: pd.DataFrame, train: pd.DataFrame | None = None) -> list[tuple]:
-    """The Answers' lines: the fastest decoder at each context, and, where the folder also
-    holds train.csv, the fastest among variants whose trained recall reached 0.9."""
-    table = fastest_table(dec)
-    if table.empty:
-        return []
-    blocks = [("h", 3, "Fastest decoder at each context"),
-              ("p", "Pass decode, median time per generated token; any variant with a "
-                    "decoding form, exact or not (their row_cos is in Generation)."),
-              ("table", table)]
-    if train is not None:
-        good = recalling(train)
-        table = fastest_table(dec[dec["variant"].isin(good)])
-        blocks += [("h", 3, "Fastest decoder whose trained recall reaches 0.9"),
-                   ("p", "Among the variants with a configuration in this folder's train.csv "
-                         "at held-out accuracy >= 0.9 (" + (", ".join(sorted(good)) or "none")
-                         + "); the decode row may be another setting of the variant.")]
-        blocks.append(("table", table) if not table.empty else
-                      ("p", "None of them has a decode row here."))
     return blocks

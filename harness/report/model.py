@@ -97,23 +97,11 @@ def drift_blocks(run_dir: Path) -> list[tuple]:
     return blocks
 
 
-def insert_after_answers(blocks: list[tuple], drift: list[tuple]) -> list[tuple]:
-    """The drift section right after the report's Answers section(s), else at the end."""
-    seen = False
-    for i, b in enumerate(blocks):
-        if b[0] == "h" and b[1] == 2:
-            if b[2].startswith("Answers"):
-                seen = True
-            elif seen:
-                return blocks[:i] + drift + blocks[i:]
-    return blocks + drift
-
-
-def drift_only_blocks(run_dir: Path, drift: list[tuple]) -> list[tuple]:
-    """The whole report of a folder that holds model drift and no benchmark matrix."""
+def environment_blocks(run_dir: Path) -> list[tuple]:
+    """The environment of a folder that holds model drift and no benchmark matrix
+    (model_meta.json)."""
     meta_path = Path(run_dir) / MODEL_META
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     env = {k: json.dumps(v) if isinstance(v, (dict, list)) else str(v) for k, v in meta.items()}
-    return ([("h", 1, f"attnbench report: {Path(run_dir).name}")] + drift +
-            [("h", 2, "Environment"),
-             ("table", pd.DataFrame({"key": list(env), "value": list(env.values())}))])
+    return [("h", 2, "Environment"),
+            ("table", pd.DataFrame({"key": list(env), "value": list(env.values())}))]
