@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from .checks import KeyMask, check_qkv
-from .decoding import DecodeState, check_context, check_token
+from .decoding import DecodeState, KVCache, RingKV, check_context, check_token
 from .inputs import InputSpec, check_inputs, draw_inputs
 from .reference import softmax_weights
 
@@ -96,9 +96,17 @@ class Variant(torch.nn.Module):
     # -- the map --------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 causal: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
-        check_qkv(q, k, v)
         backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                 or v.requires_grad)
+        self.check_call(q, k, v, causal, backward=backward, **inputs)
+        return self.unchecked(q, k, v, causal, **inputs)
+
+    def check_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   causal: bool = False, *, backward: bool = False,
+                   **inputs: torch.Tensor) -> None:
+        """Every check `forward` makes before any work (shapes, the declared capabilities,
+        the declared inputs' shapes and ranges): ValueError with the reasons."""
+        check_qkv(q, k, v)
         reasons = self.unsupported_reasons(device=q.device, dtype=q.dtype, causal=causal,
                                            seq_len=q.shape[-2], head_dim=q.shape[-1],
                                            backward=backward)
@@ -106,6 +114,14 @@ class Variant(torch.nn.Module):
             raise ValueError("; ".join(reasons))
         if self.inputs or inputs:
             check_inputs(self.name, self.inputs, q, inputs)
+
+    def unchecked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  causal: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
+        """`forward` without its checks: the method alone, for a caller that ran
+        `check_call` on these very tensors once (a benchmark's timed region, which holds
+        the call and nothing else: a range check of the gates costs reductions and, on
+        CUDA, a host sync per input)."""
+        if self.inputs or inputs:
             return self.attend(q, k, v, causal, **inputs)
         return self.attend(q, k, v, causal)
 
@@ -141,6 +157,15 @@ class Variant(torch.nn.Module):
         not `softmax` (its own plain form); the softmax reference lives in `reference.py`."""
         raise NotImplementedError(f"{self.name} is measured against exact softmax attention")
 
+    def reference_from(self, state, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       **inputs: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """Where `err_ref` is not `softmax`: the float64 causal output of q, k, v (B, H, n, D)
+        continuing from `state` (None: the start of a sequence; else what the last call
+        returned), and the state after them: the reference of a sequence taken in pieces
+        (a decode benchmark's long context, then its new tokens). Computed by the
+        variant's forward, never by its decoding form, so that a wrong step shows."""
+        raise NotImplementedError(f"{self.name} has no float64 reference from a state")
+
     # -- the attention weights it implies ------------------------------------------
     def weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False,
                 **inputs: torch.Tensor) -> torch.Tensor:
@@ -163,10 +188,14 @@ class Variant(torch.nn.Module):
         return self.attention_weights(q, k, causal)
 
     def draw_inputs(self, B: int, H: int, N: int, D: int, *, seed: int = 0,
-                    dtype: torch.dtype = torch.float32, device="cpu") -> dict[str, torch.Tensor]:
+                    dtype: torch.dtype = torch.float32, device="cpu",
+                    fixed_seed: int | None = None) -> dict[str, torch.Tensor]:
         """The declared inputs beyond q, k, v as a benchmark draws them from `seed` (the
-        papers' layers at initialisation); {} for a variant that declares none."""
-        return draw_inputs(self.inputs, B, H, N, D, seed=seed, dtype=dtype, device=device)
+        papers' layers at initialisation); {} for a variant that declares none.
+        fixed_seed: the layers' per-case parameters (a decay rate per head) from that
+        seed instead (`inputs.draw_inputs`), for a sequence drawn in pieces."""
+        return draw_inputs(self.inputs, B, H, N, D, seed=seed, dtype=dtype, device=device,
+                           fixed_seed=fixed_seed)
 
     def weights_reasons(self, *, device: torch.device | str, dtype: torch.dtype, causal: bool,
                         seq_len: int, head_dim: int) -> list[str]:
@@ -226,6 +255,9 @@ class Variant(torch.nn.Module):
             return [f"{self.name} is non-causal only: it has no token-by-token form"]
         if type(self).decode_prefill is Variant.decode_prefill:
             return [f"{self.name} has no decoding form (no prefill and step)"]
+        if self.err_ref != "softmax" and type(self).reference_from is Variant.reference_from:
+            return [f"{self.name} is measured against its own {self.err_ref}, and has no float64 "
+                    "reference from a state (reference_from) to check its generated tokens by"]
         return self.extra_decode_reasons()
 
     def extra_decode_reasons(self) -> list[str]:
@@ -247,11 +279,24 @@ class Variant(torch.nn.Module):
     def step(self, state: DecodeState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              **inputs) -> tuple[torch.Tensor, DecodeState]:
         """One new token, q, k, v of (B, H, 1, D): its output (B, H, 1, D), equal to that row
-        of the causal forward over the whole sequence, and the state (updated in place)."""
+        of the causal forward over the whole sequence, and the state (updated in place).
+        Checks the token first; `check_tokens` then `decode_step` is the same without a
+        check per token."""
         check_token(q, k, v)
         if self.inputs or inputs:
             check_inputs(self.name, self.inputs, q, inputs)
         return self.decode_step(state, q, k, v, **inputs)
+
+    def check_tokens(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     **inputs) -> None:
+        """The checks `step` makes, on T new tokens at once: q, k, v of one (B, H, T, D)
+        shape, dtype and device, the declared inputs of those T tokens; ValueError naming
+        what is wrong. A caller that checks its tokens here once may then call
+        `decode_step` on each token's slices (a benchmark's timed loop: the step and
+        nothing else)."""
+        check_qkv(q, k, v)
+        if self.inputs or inputs:
+            check_inputs(self.name, self.inputs, q, inputs)
 
     def extend(self, state: DecodeState, k: torch.Tensor, v: torch.Tensor,
                **inputs) -> DecodeState:
@@ -275,6 +320,15 @@ class Variant(torch.nn.Module):
         (`state_size`) unless the variant reads only part of it (a sparse decoder's
         chosen blocks)."""
         return self.state_size(N, D)
+
+    def decode_write_size(self, N: int, D: int, state: DecodeState) -> int | None:
+        """Elements a decoding step writes per (batch, head) at context N: into a cache of
+        keys and values (`KVCache`, `RingKV`, and caches built on them) the new token's key
+        and value, 2 D; any other state is rewritten whole every step (a recurrence's or
+        a kernel's S <- f(S)): what it reads, written back."""
+        if isinstance(state, (KVCache, RingKV)):
+            return 2 * D
+        return self.decode_read_size(N, D)
 
     def state_nbytes(self, state: DecodeState) -> int:
         """Bytes the decoding state holds (its preallocated tensors)."""
