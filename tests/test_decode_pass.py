@@ -68,15 +68,16 @@ def test_a_context_drawn_in_chunks_is_the_same_state_as_one_prefill(monkeypatch)
     case = _case("linear", N=300)
     m = variants.build("linear")
     chunks = list(decode.context_chunks(case, m, torch.float64, "cpu"))
-    assert [c[0].shape[-2] for c in chunks] == [64, 64, 64, 64, 44]
+    assert [c[1].shape[-2] for c in chunks] == [64, 64, 64, 64, 44]
     state, _ = decode.prefill(case, m, torch.float64, torch.device("cpu"))
-    k = torch.cat([c[0] for c in chunks], dim=-2)
-    v = torch.cat([c[1] for c in chunks], dim=-2)
+    k = torch.cat([c[1] for c in chunks], dim=-2)
+    v = torch.cat([c[2] for c in chunks], dim=-2)
     whole = m.prefill(k, v, max_len=304)
     torch.testing.assert_close(state.S, whole.S, rtol=1e-12, atol=1e-12)
     # the chunks are the distribution's own draws from (seed, chunk), not one tensor cut up
-    _, k0, _ = make_inputs("gaussian", 1, 2, 64, 8, dtype=torch.float64, seed=0)
-    torch.testing.assert_close(chunks[0][0], k0)
+    q0, k0, _ = make_inputs("gaussian", 1, 2, 64, 8, dtype=torch.float64, seed=0)
+    torch.testing.assert_close(chunks[0][1], k0)
+    torch.testing.assert_close(chunks[0][0], q0)
 
 
 def test_time_ms_is_per_generated_token(monkeypatch):
@@ -84,7 +85,8 @@ def test_time_ms_is_per_generated_token(monkeypatch):
     case = _case("sdpa", N=50, T=4)
     calls = []
 
-    def fake(fn, **kw):
+    def fake(fn, setup=None, **kw):
+        setup()  # the rewind to the context, untimed
         out = fn()
         calls.append(len(out))
         return timing.Timing(time_ms=80.0, time_ms_iqr=8.0, repeats=3, samples_ms=(80.0,) * 3)
