@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import variants
 from harness.measure import decode, matrix, timing, worker
 from harness.measure.inputs import make_inputs
-from variants.core import interface
+from variants.core import decoder, interface
 
 CHECKS = ("check_qkv", "check_inputs", "check_token")
 
@@ -49,14 +49,17 @@ class _Ops(TorchDispatchMode):
 def _counting_checks(monkeypatch):
     """Every check the interface runs, counted (they still run)."""
     calls = Counter()
-    for name in CHECKS:
-        real = getattr(interface, name)
+    for module in (interface, decoder):
+        for name in CHECKS:
+            if not hasattr(module, name):
+                continue
+            real = getattr(module, name)
 
-        def spy(*a, _real=real, _name=name, **kw):
-            calls[_name] += 1
-            return _real(*a, **kw)
+            def spy(*a, _real=real, _name=name, **kw):
+                calls[_name] += 1
+                return _real(*a, **kw)
 
-        monkeypatch.setattr(interface, name, spy)
+            monkeypatch.setattr(module, name, spy)
     real_reasons = interface.Variant.unsupported_reasons
 
     def reasons(self, **kw):
