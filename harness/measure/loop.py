@@ -37,7 +37,8 @@ def measure(cases: list[Case], store: RunStore, done: set[str], log_path: Path,
     """The measuring loop: append one row per case not in `done`, in order, to the store;
     with rounds, round by round over all the cases (the module docstring).
 
-    Shared by the serial run (above) and each shard of a sharded one (harness.cluster.executors).
+    Shared by the serial run (harness.measure.runner) and each shard of a sharded one
+    (harness.cluster.sharded).
     Returns the count of rows written by status. `bar`: a tqdm bar to advance by case-rounds,
     or None. `between_rounds(r)`: called before round r > 1 when it has cases to time.
     `skip(case)`: True leaves a case alone from then on (a shard's case given to a newer job).
