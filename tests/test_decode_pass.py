@@ -68,15 +68,16 @@ def test_a_context_drawn_in_chunks_is_the_same_state_as_one_prefill(monkeypatch)
     case = _case("linear", N=300)
     m = variants.build("linear")
     chunks = list(decode.context_chunks(case, m, torch.float64, "cpu"))
-    assert [c[0].shape[-2] for c in chunks] == [64, 64, 64, 64, 44]
+    assert [c[1].shape[-2] for c in chunks] == [64, 64, 64, 64, 44]
     state, _ = decode.prefill(case, m, torch.float64, torch.device("cpu"))
-    k = torch.cat([c[0] for c in chunks], dim=-2)
-    v = torch.cat([c[1] for c in chunks], dim=-2)
+    k = torch.cat([c[1] for c in chunks], dim=-2)
+    v = torch.cat([c[2] for c in chunks], dim=-2)
     whole = m.prefill(k, v, max_len=304)
     torch.testing.assert_close(state.S, whole.S, rtol=1e-12, atol=1e-12)
     # the chunks are the distribution's own draws from (seed, chunk), not one tensor cut up
-    _, k0, _ = make_inputs("gaussian", 1, 2, 64, 8, dtype=torch.float64, seed=0)
-    torch.testing.assert_close(chunks[0][0], k0)
+    q0, k0, _ = make_inputs("gaussian", 1, 2, 64, 8, dtype=torch.float64, seed=0)
+    torch.testing.assert_close(chunks[0][1], k0)
+    torch.testing.assert_close(chunks[0][0], q0)
 
 
 def test_time_ms_is_per_generated_token(monkeypatch):
@@ -84,7 +85,8 @@ def test_time_ms_is_per_generated_token(monkeypatch):
     case = _case("sdpa", N=50, T=4)
     calls = []
 
-    def fake(fn, **kw):
+    def fake(fn, setup=None, **kw):
+        setup()  # the rewind to the context, untimed
         out = fn()
         calls.append(len(out))
         return timing.Timing(time_ms=80.0, time_ms_iqr=8.0, repeats=3, samples_ms=(80.0,) * 3)
@@ -150,3 +152,48 @@ def test_a_sparse_decoder_reads_its_chosen_blocks_not_its_cache():
     per_row = float(bs.layout(N).sum(dim=1, dtype=torch.float64).mean())
     assert 6 <= per_row <= 2 * 1 + 1 + 2 * 2 + 3  # global columns and rows, the band
     assert bs.decode_read_size(N, D) == int(2 * per_row * 64 * D)
+
+
+@pytest.mark.parametrize("name", ["mamba2", "retention"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_read_bound_counts_the_state_read_and_written_in_its_own_dtype(monkeypatch, name,
+                                                                           dtype):
+    """A recurrence's step reads its float32 D x D state and writes it back, whatever the
+    case's dtype: decode_read_mib = 2 x decode_state_mib (the state is S alone); a cache
+    appends one token: its read plus 2 D per head, in the cache's dtype."""
+    monkeypatch.setattr(timing, "time_call", lambda fn, setup=None, **kw: (
+        setup(), fn(), timing.Timing(1.0, 0.0, 1, (1.0,)))[-1])
+    case = _case(name, N=300, T=4, dtypes=[dtype], heads=4, head_dim=16)
+    got = decode.measure(case, variants.build(name), torch.device("cpu"), "time")
+    assert got["decode_state_mib"] == 4 * 16 * 16 * 4 / memory.MIB  # float32 S, B H D D
+    assert got["decode_read_mib"] >= 1.9 * got["decode_state_mib"]
+    assert got["decode_read_mib"] == pytest.approx(2 * got["decode_state_mib"])
+    sdpa = decode.measure(dataclasses.replace(case, variant="sdpa"), variants.build("sdpa"),
+                          torch.device("cpu"), "time")
+    size = {"float32": 4, "bfloat16": 2}[dtype]
+    assert sdpa["decode_read_mib"] == pytest.approx(4 * (2 * 300 * 16 + 2 * 16) * size
+                                                    / memory.MIB)
+
+
+@pytest.mark.parametrize("name", ["mamba2", "gated_deltanet", "kda"])
+def test_a_heads_decay_rates_are_drawn_once_for_the_whole_context(monkeypatch, name):
+    """A_log and dt_bias are a layer's weights: every chunk of the context, and the new
+    tokens, decay at the rates a forward case of the same seed draws. Per head (per head
+    and channel for kda), the median decay -g of each chunk matches the forward draw's
+    within 10% (4096 tokens each: the sampling noise is ~2%); redrawn per chunk, the rates
+    of two chunks differ by factors of up to 16 (A) and 100 (dt)."""
+    monkeypatch.setattr(decode, "CHUNK", 2048)
+    case = _case(name, N=3 * 2048, T=2048, batch=2, heads=4, head_dim=16)
+    m = variants.build(name)
+    per = [c[3]["g"] for c in decode.context_chunks(case, m, torch.float32, "cpu")]
+    per.append(decode.new_tokens(case, m, torch.float32, "cpu")[3]["g"])
+    whole = m.draw_inputs(2, 4, 2048, 16, seed=case.seed)["g"]  # a forward case's draw
+
+    def rates(g):  # (B, H, N) or (B, H, N, D) -> median over batch and tokens
+        return (-g).transpose(1, 2).flatten(0, 1).median(dim=0).values
+
+    want = rates(whole)
+    assert len(per) == 4
+    for g in per:
+        ratio = rates(g) / want
+        assert float((ratio - 1).abs().max()) < 0.1, ratio

@@ -79,7 +79,7 @@ def test_masked_sdpa_memory_includes_its_mask_and_matches_memory_bytes(tmp_path)
     keep is their `state_mib`, and state + one call's peak is within 20% of `memory_bytes`
     (the figure the memory guard refuses cases by)."""
     import variants
-    from harness.measure.runner import Worker
+    from harness.measure.processes import Worker
 
     N = 8192
     worker = Worker("memory", tmp_path / "worker.log", threads=2)

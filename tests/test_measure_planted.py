@@ -324,7 +324,7 @@ def _known(state_mib=0, temp_mib=16, how="one"):
 def known_memory(tmp_path_factory):
     """The memory worker (as the runner starts it) on cases whose answers are their
     parameters, one after the other in the same process, the largest first."""
-    from harness.measure.runner import Worker
+    from harness.measure.processes import Worker
 
     cases = {"big": _known(temp_mib=256), "state": _known(state_mib=48, temp_mib=16),
              "sequential": _known(temp_mib=20, how="sequential"),
@@ -375,7 +375,7 @@ def test_forward_backward_flops_are_three_forwards():
     """docs/results.md: `forward_backward` rows count 3x the forward's FLOPs (the
     backward as two matmuls per forward matmul); the forward is the analytic count, for
     `standard` 2 x 2 N^2 D per head (q k^T, then p v)."""
-    from harness.measure.runner import case_row
+    from harness.measure.rows import case_row
 
     base = dataclasses.replace(_known(), variant="standard", params="{}", seq_len=128)
     module = variants.build("standard")
@@ -391,7 +391,7 @@ def test_the_time_worker_measures_the_error_of_the_cases_own_inputs(tmp_path):
     """The time worker's rel_err, max_abs_err and row_cos for nystrom (float32) equal those
     computed here from the case's distribution, seed and causal flag against dense float64
     attention; two seeds give two errors (the case's inputs, not one fixed draw)."""
-    from harness.measure.runner import Worker
+    from harness.measure.processes import Worker
 
     base = Case("nystrom", json.dumps({"num_landmarks": 8, "pinv_iterations": 6}),
                 "cpu", "float32", 1, 2, 16, 96, False, "forward", "sharp", 1, 0.02, 3,

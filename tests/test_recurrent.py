@@ -198,7 +198,7 @@ def test_the_worker_draws_the_inputs_and_measures_against_the_recurrence(pass_):
     import json
 
     from harness.measure.matrix import Case
-    from harness.measure.runner import case_row
+    from harness.measure.rows import case_row
     from harness.measure.worker import run_case
     case = Case("gated_deltanet", json.dumps({"chunk": 64}), "cpu", "float32", 1, 2, 16, 200,
                 True, pass_, "gaussian", 0, 0.01, 2, 60.0, 1, 64, 0)

@@ -17,7 +17,7 @@ import pytest
 import run_bench
 from harness.errors import UsageError
 from harness.measure import matrix as mx
-from harness.measure import runner
+from harness.measure import loop
 from harness.measure.store import RunStore
 from harness.measure.worker import EXTRA_ENV, import_extra
 
@@ -107,11 +107,11 @@ def test_pooled_row_is_the_median_over_all_samples_and_the_spread_of_round_media
     rounds = {1: {"samples_ms": [10.0, 11.0, 12.0], "row": {"case_id": "x", "rel_err": 0.1}},
               2: {"samples_ms": [20.0, 22.0]},
               3: {"samples_ms": [10.5]}}
-    row = runner._pooled(rounds)
+    row = loop._pooled(rounds)
     assert row["time_ms"] == 11.5  # median of 10, 10.5, 11, 12, 20, 22
     assert row["repeats"] == 6 and row["rounds"] == 3 and row["rel_err"] == 0.1
     assert row["time_ms_spread"] == pytest.approx((21.0 - 10.5) / 10.5)
-    assert runner._pooled({1: rounds[1]})["time_ms_spread"] is None
+    assert loop._pooled({1: rounds[1]})["time_ms_spread"] is None
 
 
 def test_a_later_round_that_fails_makes_the_row_that_failure(tmp_path, monkeypatch):
@@ -122,7 +122,7 @@ def test_a_later_round_that_fails_makes_the_row_that_failure(tmp_path, monkeypat
                       "min_run_time_s": 0.01, "min_repeats": 3})
     cases = mx.expand(m)
     store = RunStore(tmp_path / "r")
-    runner.measure(cases, store, set(), tmp_path / "worker.log",
+    loop.measure(cases, store, set(), tmp_path / "worker.log",
                    between_rounds=lambda r: flag.touch())  # breaks before round 2
     bad, good = _rows(tmp_path / "r" / "results.csv")
     assert bad["status"] == "error" and bad["reason"].startswith("round 2 of 3: RuntimeError")
@@ -148,7 +148,7 @@ def test_run_stopped_in_round_2_keeps_round_1(tmp_path):
         return False
 
     with pytest.raises(_Killed):
-        runner.measure(cases, store, set(), log, skip=stop_in_round_2)
+        loop.measure(cases, store, set(), log, skip=stop_in_round_2)
     with store.rounds_path.open("ab") as f:
         f.write(b'{"case_id": "deadbeef", "rou')  # a record cut off mid-write
     recs = _records(store.rounds_path)
@@ -156,7 +156,7 @@ def test_run_stopped_in_round_2_keeps_round_1(tmp_path):
     assert _rows(tmp_path / "r" / "results.csv") == []  # no row before a case's last round
     left = {c.case_id: 3 - sum(r["case_id"] == c.case_id for r in recs) for c in cases}
     start = log.stat().st_size
-    counts = runner.measure(cases, store, set(), log)  # the resume
+    counts = loop.measure(cases, store, set(), log)  # the resume
     assert counts == {"ok": len(cases)}
     parts = _parts(log, start)
     assert {p for p, _ in parts} == {"retime"}  # round 1 (memory, error, time) not again

@@ -13,7 +13,7 @@ import variants
 from harness.cluster import engine
 from harness.cluster import executors as ex
 from harness.cluster.shards import MATRIX
-from harness.measure import estimate, runner
+from harness.measure import estimate, loop, rows, runner
 from harness.measure.matrix import Case
 from harness.measure.store import RunStore, environment, matmul_fp32_gflops, matmul_rates
 
@@ -44,7 +44,7 @@ def measure_shard(folder: str, index: int, cases: list[Case], executor: str) -> 
         record["busy"].append(runner.busy_sample(r))
         MATRIX.write_record(folder, index, record)
 
-    counts = runner.measure(cases, store, done, MATRIX.shard_log(folder, index),
+    counts = loop.measure(cases, store, done, MATRIX.shard_log(folder, index),
                             between_rounds=between_rounds,
                             skip=lambda case: MATRIX.taken_elsewhere(folder, case.case_id, index))
     ex.job_ended(record, counts)
@@ -57,7 +57,7 @@ def _costs(cases: list[Case], rate: float) -> list[tuple[Case, float]]:
 
 
 def _row(case: Case) -> dict:
-    return runner.case_row(case, variants.build(case.variant, **case.param_dict))
+    return rows.case_row(case, variants.build(case.variant, **case.param_dict))
 
 
 WORK = engine.Work(files=MATRIX, body=measure_shard, costs=_costs, together=Case.series,

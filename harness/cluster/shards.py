@@ -117,7 +117,7 @@ class Files:
         os.replace(tmp, path)
 
     def last_logged(self, folder: Path, index: int) -> str | None:
-        """The unit id shard i's workers were last given (harness.measure.runner.Worker
+        """The unit id shard i's workers were last given (harness.measure.processes.Worker
         logs one line before each request), or None when its log names none."""
         path = self.shard_log(folder, index)
         if not path.is_file():

@@ -29,10 +29,13 @@ REFERENCE_CEILINGS = ("topk",)
 # (a KV cache 2 N D per head, a window 2 (w + 1) D, a recurrence D^2). Pass `decode` rows:
 # time_ms is per generated token at context seq_len, decode_tokens the tokens generated,
 # prefill_ms the context's prefill, decode_state_mib the decoding state's bytes at N
-# (state_nbytes), decode_read_mib what one step reads of it (all of it, or a sparse
-# decoder's chosen blocks); flops and gflops_per_s are empty there.
+# (state_nbytes), decode_read_mib what one step moves of it: what it reads (all of it, or a
+# sparse decoder's chosen blocks) and writes (a cache's new token, or the whole state
+# again where the step rewrites it), in the state's own element size; flops and
+# gflops_per_s are empty there.
 # `err_ref`: what rel_err, max_abs_err and row_cos were measured against: `softmax` (float64
-# exact attention) or `recurrence` (the variant's own float64 sequential recurrence: gated
+# exact attention) or `recurrence` (the variant's own float64 sequential recurrence, on
+# decode rows its float64 causal forward over the same context and tokens: gated
 # recurrences approximate no softmax); a run folder written before the column reads as
 # softmax.
 RESULT_COLUMNS = [

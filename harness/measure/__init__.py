@@ -2,9 +2,13 @@
 peak memory and error are taken, into results.csv.
 
     matrix.py        a TOML matrix (preset or file) expanded into cases, checked first
-    runner.py        the serial run: worker processes, time-outs, the memory guard, rounds, rows
+    runner.py        the serial run: meta.json (environment, rates, busy samples) around the loop
+    loop.py          the measuring loop: the memory guard, a series stopped at its failure, rounds
+    rows.py          a case's descriptive columns and the reasons it is skipped
+    processes.py     the worker processes seen from the runner: requests, time-outs, crashes
     worker.py        one case in a process of its own (`python -m harness.measure.worker`)
-    timing.py        medians and IQRs of timed calls
+    timing.py        medians and IQRs of timed calls (the call alone: checked once, setup untimed)
+    decode.py        the decode pass: a context drawn into the state, the steps timed, its reference
     memory.py        peak memory (VmHWM on CPU, the CUDA allocator's peak), the guard
     accuracy.py      error against the float64 exact reference
     inputs.py        the synthetic input distributions (`python -m harness.measure.inputs`)

@@ -5,22 +5,31 @@ the context's keys and values are drawn from the case's seed in chunks of `CHUNK
 and fed straight into the variant's state (`prefill` on the first chunk, `extend` on the
 rest; a variant that cannot extend gets the whole context in one prefill), so no
 (3, B, H, N, D) tensor exists at 1M tokens; the same chunks feed the float64 reference of
-the generated tokens as they pass. The prefill is timed once (`prefill_ms`),
-outside the timed region. Then T new tokens are generated; a timed repeat is those T
-steps followed by a rewind of the state to context N (a cache's length set back, a small
-state copied back), so the context never grows across repeats; `time_ms` is the median
-over repeats of their time divided by T. `decode_state_mib` is `state_nbytes` at context N,
-`peak_mem_mib` one step's peak above what is resident, `state_mib` what the prefilled state
-left resident. The T outputs are compared with float64 exact causal attention over the
-same context (`accuracy.DecodeReference`, an online softmax over the chunks); a variant
-measured against its own recurrence (`err_ref` = recurrence) against that recurrence run
-in float64: the same prefill and steps on the context and tokens in float64. Declared
-inputs beyond q, k, v (gates) are drawn with each chunk, from the chunk's seed, and with
-the new tokens.
+the generated tokens as they pass. The prefill is timed once (`prefill_ms`), outside the
+timed region; it checks the context's declared inputs where they enter. The T new tokens
+are checked once (`Variant.check_tokens`) and sliced before anything is timed; a timed
+repeat is then the T steps alone (`decode_step`), after an untimed rewind of the state to
+context N (a cache's length set back, a small state copied back: `timing.time_call`'s
+setup), so the context never grows across repeats; `time_ms` is the median over repeats
+of their time divided by T.
+
+`decode_state_mib` is `state_nbytes` at context N, `peak_mem_mib` one step's peak above
+what is resident, `state_mib` what the prefilled state left resident, `decode_read_mib` the
+bytes a step moves (`traffic_mib`): what it reads of its state and, for a state rewritten
+every step, what it writes back, in the state's own element size.
+
+The T outputs are compared with an independent float64 reference over the same context:
+exact causal attention (`accuracy.DecodeReference`, an online softmax over the chunks), or,
+for a variant measured against its own recurrence (`err_ref` = recurrence), its causal
+forward in float64 carried from chunk to chunk (`Variant.reference_from`): never its
+decoding form run again, so a wrong step shows in the row.
 
 Chunk i of the context is drawn as an N = CHUNK sequence of its distribution from seed
-(seed * 1_000_003 + i); the new tokens from (seed * 1_000_003 + 999_983). For `local`
-inputs the positional pattern therefore restarts every chunk.
+(seed * 1_000_003 + i); the new tokens from (seed * 1_000_003 + 999_983); their declared
+inputs (gates) with them, from the same seeds, except the gates' per-case parameters
+(Mamba2's A_log and dt_bias), drawn once from the case's seed for the whole sequence, as
+a forward case of that seed draws them. For `local` inputs the positional pattern
+therefore restarts every chunk.
 """
 
 from __future__ import annotations
@@ -40,16 +49,16 @@ def _draw(case, module, r, dtype, device, seed):
     q, k, v = make_inputs(case.input, case.batch, case.heads, r, case.head_dim, dtype=dtype,
                           device=device, seed=seed)
     inputs = module.draw_inputs(case.batch, case.heads, r, case.head_dim, seed=seed,
-                                dtype=dtype, device=device)
+                                dtype=dtype, device=device, fixed_seed=case.seed)
     return q, k, v, inputs
 
 
 def context_chunks(case, module, dtype, device):
-    """The context's (k, v, inputs) chunks, (B, H, r, D) each, in order, from the seed."""
+    """The context's (q, k, v, inputs) chunks, (B, H, r, D) each, in order, from the seed
+    (the queries serve a reference that runs the causal forward; the decoder takes k, v)."""
     for i, s in enumerate(range(0, case.seq_len, CHUNK)):
         r = min(CHUNK, case.seq_len - s)
-        _, k, v, inputs = _draw(case, module, r, dtype, device, case.seed * 1_000_003 + i)
-        yield k, v, inputs
+        yield _draw(case, module, r, dtype, device, case.seed * 1_000_003 + i)
 
 
 def new_tokens(case, module, dtype, device):
@@ -65,13 +74,13 @@ def _sync(device):
 
 def prefill(case, module, dtype, device, reference=None):
     """(state, prefill seconds): the context fed into the state chunk by chunk (and into
-    `reference`, an `accuracy.DecodeReference`, when given)."""
+    `reference`, a softmax or recurrence reference below, when given)."""
     max_len = case.seq_len + case.decode_tokens
     chunks = context_chunks(case, module, dtype, device)
     if reference is not None:
         chunks = _fed(chunks, reference)
     if not module.has_extend():  # one prefill of the whole context
-        ks, vs, ins = zip(*chunks)
+        ks, vs, ins = zip(*((k, v, i) for _, k, v, i in chunks))
         k, v = torch.cat(ks, dim=-2), torch.cat(vs, dim=-2)
         inputs = {n: torch.cat([i[n] for i in ins], dim=2) for n in ins[0]}
         del ks, vs, ins
@@ -81,7 +90,7 @@ def prefill(case, module, dtype, device, reference=None):
         _sync(device)
         return state, time.perf_counter() - start
     spent, state = 0.0, None
-    for k, v, inputs in chunks:
+    for _, k, v, inputs in chunks:
         _sync(device)
         start = time.perf_counter()
         state = (module.prefill(k, v, max_len=max_len, **inputs) if state is None
@@ -92,60 +101,72 @@ def prefill(case, module, dtype, device, reference=None):
 
 
 def _fed(chunks, reference):
-    for k, v, inputs in chunks:
-        reference.add(k, v, inputs)
-        yield k, v, inputs
+    for q, k, v, inputs in chunks:
+        reference.add(q, k, v, inputs)
+        yield q, k, v, inputs
 
 
-class _OwnReference:
-    """The variant's own float64 form, fed the same context: for err_ref = recurrence."""
+class RecurrenceReference:
+    """For err_ref = recurrence: the variant's float64 causal forward over the context and
+    then the new tokens, its state carried from piece to piece (`reference_from`)."""
 
-    def __init__(self, case, module, max_len):
-        self.case, self.module, self.max_len, self.state = case, module, max_len, None
+    def __init__(self, module):
+        self.module, self.state = module, None
 
-    def add(self, k, v, inputs):
-        k, v, inputs = k.double(), v.double(), {n: x.double() for n, x in inputs.items()}
-        self.state = (self.module.prefill(k, v, max_len=self.max_len, **inputs)
-                      if self.state is None else self.module.extend(self.state, k, v, **inputs))
-
-    def finish(self, q, k, v, inputs):
-        q, k, v = q.double(), k.double(), v.double()
-        out = _steps(self.module, self.state, q, k, v,
-                     {n: x.double() for n, x in inputs.items()}, None)()
-        return torch.cat(out, dim=-2)
-
-
-class _SoftmaxReference(accuracy.DecodeReference):
-    def add(self, k, v, inputs=None, allowed=None):
-        super().add(k, v, allowed)
+    def add(self, q, k, v, inputs):
+        _, self.state = self.module.reference_from(self.state, q, k, v, **inputs)
 
     def finish(self, q, k, v, inputs):
-        return super().finish(k, v)
+        return self.module.reference_from(self.state, q, k, v, **inputs)[0]
 
 
-def _steps(module, state, q, k, v, inputs, mark):
-    """A callable: generate the T tokens, then rewind to the context (`mark`: None to
-    keep going); returns the outputs."""
-    T = q.shape[-2]
+class SoftmaxReference:
+    """Exact causal attention in float64 over the context and the new tokens
+    (`accuracy.DecodeReference`, for the new tokens' queries)."""
+
+    def __init__(self, q):
+        self.ref = accuracy.DecodeReference(q)
+
+    def add(self, q, k, v, inputs):
+        self.ref.add(k, v)
+
+    def finish(self, q, k, v, inputs):
+        return self.ref.finish(k, v)
+
+
+def tokens(module, q, k, v, inputs) -> list[tuple]:
+    """The T new tokens as (q, k, v, inputs) of (B, H, 1, D) slices, checked once here
+    (`Variant.check_tokens`: what `step` checks on every token) and sliced before any
+    timing, so that the timed loop holds the steps and nothing else."""
+    module.check_tokens(q, k, v, **inputs)
+    return [(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
+             {n: x[:, :, t:t + 1] for n, x in inputs.items()}) for t in range(q.shape[-2])]
+
+
+def steps(module, state, toks):
+    """A callable: the decoding steps of `toks` from the state as it is (the method alone,
+    `decode_step`: the tokens were checked by `tokens`); returns their outputs."""
+    step = module.decode_step
 
     def run():
-        out = []
-        for t in range(T):
-            o, _ = module.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
-                               **{n: x[:, :, t:t + 1] for n, x in inputs.items()})
-            out.append(o)
-        if mark is not None:
-            state.rewind(mark)
-        return out
+        return [step(state, q, k, v, **i)[0] for q, k, v, i in toks]
 
     return run
 
 
-def _read_mib(case, module, dtype) -> float | None:
-    """MiB a step reads at context N (`decode_read_size`), batch and heads included."""
-    size = module.decode_read_size(case.seq_len, case.head_dim)
-    return None if size is None else (case.batch * case.heads * size
-                                      * torch.finfo(dtype).bits // 8 / memory.MIB)
+def traffic_mib(case, module, state) -> float | None:
+    """MiB a step moves at context N, batch and heads included: what it reads of its state
+    (`decode_read_size`) and what it writes (`decode_write_size`: the whole state again
+    where the step rewrites it), in the state's own element size (`state_nbytes` over its
+    elements: a recurrence keeps a float32 state for a bfloat16 case)."""
+    N, D = case.seq_len, case.head_dim
+    read = module.decode_read_size(N, D)
+    write = module.decode_write_size(N, D, state)
+    if read is None or write is None:
+        return None
+    elements = sum(t.numel() for t in state.tensors())
+    per_element = module.state_nbytes(state) / elements if elements else 0.0
+    return case.batch * case.heads * (read + write) * per_element / memory.MIB
 
 
 def measure(case, module, device, part: str) -> dict:
@@ -154,21 +175,26 @@ def measure(case, module, device, part: str) -> dict:
     T = case.decode_tokens
     with torch.no_grad():
         q, k, v, inputs = new_tokens(case, module, dtype, device)
+        toks = tokens(module, q, k, v, inputs)
         reference = None
         if part == "time":
-            reference = (_OwnReference(case, module, case.seq_len + T)
-                         if module.err_ref == "recurrence" else _SoftmaxReference(q))
+            reference = (RecurrenceReference(module) if module.err_ref == "recurrence"
+                         else SoftmaxReference(q))
         before = memory.resident_mib(device)
         state, prefill_s = prefill(case, module, dtype, device, reference)
         kept = max(0.0, memory.resident_mib(device) - before)
         mark = state.mark()
-        run = _steps(module, state, q, k, v, inputs, mark)
+
+        def rewind():
+            state.rewind(mark)
+
         if part == "memory":
-            one = _steps(module, state, q[:, :, :1], k[:, :, :1], v[:, :, :1],
-                         {n: x[:, :, :1] for n, x in inputs.items()}, mark)
+            one = steps(module, state, toks[:1])
             one()  # the first step's one-time costs (lazy kernels) are not its peak
-            return {"status": "ok", "reason": "", "peak_mem_mib": memory.peak_mib(one, device),
-                    "state_mib": kept}
+            rewind()
+            return {"status": "ok", "reason": "", "state_mib": kept,
+                    "peak_mem_mib": memory.peak_mib(lambda: (one(), rewind()), device)}
+        run = steps(module, state, toks)
         start = time.perf_counter()
         out = run()  # warm-up; its outputs are the ones checked
         call_s = time.perf_counter() - start
@@ -183,10 +209,10 @@ def measure(case, module, device, part: str) -> dict:
                       "err_rows": err.err_rows, "row_cos": err.row_cos,
                       "prefill_ms": prefill_s * 1e3,
                       "decode_state_mib": module.state_nbytes(state) / memory.MIB,
-                      "decode_read_mib": _read_mib(case, module, dtype)}
+                      "decode_read_mib": traffic_mib(case, module, state)}
         t = timing.time_call(run, min_run_time=case.min_run_time_s / case.rounds,
                              min_repeats=-(-case.min_repeats // case.rounds), warmup=0,
-                             call_s=call_s, device=device)
+                             call_s=call_s, device=device, setup=rewind)
         return {"status": "ok", "reason": "", "time_ms": t.time_ms / T,
                 "time_ms_iqr": t.time_ms_iqr / T, "repeats": t.repeats,
                 "samples_ms": [s / T for s in t.samples_ms], **fields}

@@ -66,13 +66,13 @@ def plan_cases(cases: list[Case], cpu_rate_flops_per_s: float
     A missing CUDA device is not a skip here: the plan is of the run where it will go.
     """
     import variants
-    from harness.measure import runner
+    from harness.measure import rows
 
     rates = {"cpu": cpu_rate_flops_per_s, "cuda": GPU_ASSUMED_GFLOPS * 1e9}
     out, compiled = [], set()
     for case in cases:
         module = variants.build(case.variant, **case.param_dict)
-        why = [r for r in runner.skip_reasons(case, module) if r != runner.NO_CUDA]
+        why = [r for r in rows.skip_reasons(case, module) if r != rows.NO_CUDA]
         if why:
             out.append((case, why, SKIPPED_S))
             continue
@@ -86,6 +86,6 @@ def plan_cases(cases: list[Case], cpu_rate_flops_per_s: float
 
             out.append((case, why, decode_seconds(case, decode_bytes(case, module))))
             continue
-        flops = runner.case_row(case, module)["flops"]
+        flops = rows.case_row(case, module)["flops"]
         out.append((case, why, case_seconds(case, flops, rates[case.device], compile_s)))
     return out

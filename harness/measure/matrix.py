@@ -33,7 +33,7 @@ product and the union (first occurrence of each case id wins) is the run. Withou
 
 With `rounds = R` > 1 the run times round 1 of every case, then round 2 of every case, ...,
 in the matrix's order, each round a fresh measurement with min_run_time_s / R and at least
-ceil(min_repeats / R) timings (harness.measure.runner): the total stays about the same, and
+ceil(min_repeats / R) timings (harness.measure.loop): the total stays about the same, and
 a drift of the machine's speed between minutes shows as the spread between the rounds'
 medians instead of hiding in one slow minute. Memory and error are measured once.
 

@@ -6,7 +6,10 @@ A slow call may give fewer blocks than `min_repeats`; then single calls are time
 clock) until there are enough, so the IQR means something; a call known to be slow skips
 autorange. CUDA work is timed per call with CUDA events after a synchronisation
 (`time_cuda_events`; docs/measurement.md, "Time"). Inputs and modules are built
-by the caller, outside the timed region.
+by the caller, outside the timed region; a call that needs work between calls (a decoder
+rewound to its context) passes it as `setup`, run untimed before each call. The callables
+timed (`forward_fn`, `forward_backward_fn`) check the call once when they are made and
+then hold the method alone.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class Timing:
 
 def time_call(fn: Callable[[], object], *, min_run_time: float = 0.2, min_repeats: int = 5,
               warmup: int = 1, call_s: float | None = None,
-              device: torch.device | str | None = None) -> Timing:
+              device: torch.device | str | None = None,
+              setup: Callable[[], object] | None = None) -> Timing:
     """Time fn() after `warmup` untimed calls.
 
     call_s: a rough duration of one call seen before (untimed). When min_repeats such calls
@@ -42,12 +46,18 @@ def time_call(fn: Callable[[], object], *, min_run_time: float = 0.2, min_repeat
     blocked_autorange's calibration calls on slow cases.
     device: where fn's work runs; on CUDA each call is timed with CUDA events
     (`time_cuda_events`), on the GPU's own clock.
+    setup: run before every call (the first warm-up call too), outside the timed region
+    (a decoder's state rewound to its context); the calls are then timed one by one.
     """
     for _ in range(warmup):
+        if setup is not None:
+            setup()
         fn()
     if device is not None and torch.device(device).type == "cuda":
         return time_cuda_events(fn, torch.device(device), min_run_time=min_run_time,
-                                min_repeats=min_repeats)
+                                min_repeats=min_repeats, setup=setup)
+    if setup is not None:
+        return summarise(_one_by_one(fn, setup, min_run_time, min_repeats))
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
                             num_threads=torch.get_num_threads())
     if call_s is not None and call_s * min_repeats >= min_run_time:
@@ -57,6 +67,19 @@ def time_call(fn: Callable[[], object], *, min_run_time: float = 0.2, min_repeat
     while len(times) < min_repeats:
         times.append(_time_once(fn))
     return summarise(times)
+
+
+def _one_by_one(fn, setup, min_run_time: float, min_repeats: int) -> list[float]:
+    """Calls timed one at a time, each after an untimed setup(), until min_repeats are
+    timed and their sum reaches min_run_time (at most _MAX_EVENT_REPEATS past that)."""
+    times: list[float] = []
+    total = 0.0
+    while len(times) < min_repeats or (total < min_run_time
+                                       and len(times) < _MAX_EVENT_REPEATS):
+        setup()
+        times.append(_time_once(fn))
+        total += times[-1]
+    return times
 
 
 def _time_once(fn: Callable[[], object]) -> float:
@@ -73,20 +96,24 @@ def _time_once(fn: Callable[[], object]) -> float:
 
 
 def time_cuda_events(fn: Callable[[], object], device: torch.device, *,
-                     min_run_time: float = 0.2, min_repeats: int = 5) -> Timing:
+                     min_run_time: float = 0.2, min_repeats: int = 5,
+                     setup: Callable[[], object] | None = None) -> Timing:
     """Per-call times of fn() on `device` from CUDA events, after a synchronisation.
 
     The device is synchronised first (no earlier work in the measurement); each call is
     bracketed by two events recorded on the current stream and read after the end event
     has completed (Event.elapsed_time, ms on the GPU's clock: launch overhead that the
     GPU does not see is excluded, queued work is not). Calls repeat until min_repeats
-    are timed and their sum reaches min_run_time.
+    are timed and their sum reaches min_run_time. setup() runs before each start event,
+    so its queued work ends before the event is reached.
     """
     torch.cuda.synchronize(device)
     times, total = [], 0.0
     with torch.cuda.device(device):
         while len(times) < min_repeats or (total < min_run_time
                                            and len(times) < _MAX_EVENT_REPEATS):
+            if setup is not None:
+                setup()
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -108,24 +135,32 @@ def summarise(times_s: list[float]) -> Timing:
 
 
 def forward_fn(module, q, k, v, causal: bool, **inputs) -> Callable[[], torch.Tensor]:
-    """The forward pass, without autograd bookkeeping (`inputs`: those beyond q, k, v)."""
+    """The forward pass, without autograd bookkeeping (`inputs`: those beyond q, k, v).
+
+    The call is checked here, once (`Variant.check_call`); the callable runs the method
+    alone (`Variant.unchecked`), so a timed region holds the call and nothing else."""
+    module.check_call(q, k, v, causal, **inputs)
+
     def fn():
         with torch.no_grad():
-            return module(q, k, v, causal=causal, **inputs)
+            return module.unchecked(q, k, v, causal, **inputs)
     return fn
 
 
 def forward_backward_fn(module, q, k, v, causal: bool, **inputs) -> Callable[[], torch.Tensor]:
     """Forward, then backward of o.sum() into q, k, v (which require grad) and the inputs
-    beyond them that require grad.
+    beyond them that require grad; checked once here, as `forward_fn`.
 
     Gradients are dropped at the start of each call so they are not accumulated and the
     previous call's gradient buffers are freed before this one allocates its own.
     """
+    module.check_call(q, k, v, causal, backward=True, **inputs)
+    leaves = (q, k, v, *inputs.values())
+
     def fn():
-        for t in (q, k, v, *inputs.values()):
+        for t in leaves:
             t.grad = None
-        o = module(q, k, v, causal=causal, **inputs)
+        o = module.unchecked(q, k, v, causal, **inputs)
         o.sum().backward()
         return o.detach()
     return fn

@@ -11,7 +11,7 @@ A case is measured in two parts, each in its own long-lived worker process:
   temporary a fresh mmap and page faults then dominate chunked code (measured here:
   block_sparse forward at N=8192, H=8 took 873 ms with them and 435 ms without).
 - `retime`: the time alone, again, in the time worker: rounds 2..R of a case timed in
-  rounds (harness.measure.runner). Each round's timing takes min_run_time_s / R and at
+  rounds (harness.measure.loop). Each round's timing takes min_run_time_s / R and at
   least ceil(min_repeats / R) timings, after its own warm-up, and returns its samples.
 Each part caps the worker's address space during the case, so a runaway allocation is an
 `oom` result, not a swapped machine. Anything else a case raises is an `error` result with

@@ -13,7 +13,7 @@ cost nothing. CUDA configurations use harness.measure.estimate's assumed GPU rat
 from __future__ import annotations
 
 from harness.measure.estimate import GPU_ASSUMED_GFLOPS
-from harness.measure.runner import NO_CUDA
+from harness.measure.rows import NO_CUDA
 from harness.train.matrix import TrainConfig
 
 # The share of the matmul rate a tiny model's step reaches, and the fixed cost per step

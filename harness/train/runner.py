@@ -4,7 +4,7 @@ then one row in train.csv.
 The runner knows no variant by name: the registry builds each configuration's variant, whose
 declared reasons (non-causal only, a length it cannot take, no CUDA here) make the row
 `skipped` with them. Each learning rate is one request to a `python -m
-harness.train.worker` process (harness.measure.runner.Worker), killed after the
+harness.train.worker` process (harness.measure.processes.Worker), killed after the
 configuration's `timeout_s`; a worker that times out, dies (a crash, the kernel's OOM
 killer) or runs out of memory is replaced before the next run. With `workers` > 1, that
 many configurations train at once, each in its own worker process. The sweep stops at the
@@ -31,7 +31,8 @@ import torch
 from tqdm import tqdm
 
 import variants
-from harness.measure.runner import NO_CUDA, STATUSES, Worker
+from harness.measure.processes import Worker
+from harness.measure.rows import NO_CUDA, STATUSES
 from harness.measure.store import environment, now
 from harness.train import tasks, trainer
 from harness.train.matrix import TrainConfig

@@ -4,9 +4,10 @@
 one list of variants (`register`, `build`, `names`, `spec`); `reference` is exact softmax
 attention in float64, in query chunks, that every error is measured against; `checks`
 (shapes, key masks, the 1/sqrt(D) scale) sits below both; `ops` holds the in-place numerics
-the families' kernels share; `decoding` the states a decoder keeps (a key-value cache
-written in place, a ring buffer; `CacheDecoder`, the extend of a variant that decodes from
-one). Imports: torch only; nothing from the families.
+the families' kernels share; `decoder` the decoding half of the interface (prefill, step,
+their checks, what a step reads and writes); `decoding` the states a decoder keeps (a
+key-value cache written in place, a ring buffer; `CacheDecoder`, the extend of a variant
+that decodes from one). Imports: torch only; nothing from the families.
 """
 
 from .checks import KeyMask, check_qkv, softmax_scale

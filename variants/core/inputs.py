@@ -15,8 +15,12 @@ from typing import Callable
 
 import torch
 
-# sample(generator, B, H, N, D) -> float32 CPU tensor of the declared shape.
-Sampler = Callable[[torch.Generator, int, int, int, int], torch.Tensor]
+# sample(generator, B, H, N, D, **fixed) -> float32 CPU tensor of the declared shape;
+# `fixed` the case's parameters when the spec has `fixed` (below).
+Sampler = Callable[..., torch.Tensor]
+# fixed(generator, H, D) -> {name: tensor}: what a layer fixes once per case rather than per
+# token (Mamba2's A_log and dt_bias per head), drawn first from the same generator.
+FixedSampler = Callable[[torch.Generator, int, int], dict]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +29,9 @@ class InputSpec:
     [low, high] (None: unbounded; `open_low`/`open_high` exclude the bound); `drawn` says
     in words how `sample` draws it (the paper's layer at initialisation); `layer` names the
     paper's layer that makes it from a hidden state (a trained model builds that layer:
-    harness.train.model)."""
+    harness.train.model). `fixed`, where the layer has them, draws its per-case parameters
+    (a decay rate per head), which `sample` then takes: a sequence drawn in pieces
+    (a decode benchmark's context) keeps one set for all its pieces (`draw(fixed=...)`)."""
     name: str
     dims: tuple[str, ...]
     low: float | None
@@ -36,6 +42,7 @@ class InputSpec:
     open_high: bool = False
     doc: str = ""
     layer: str = ""
+    fixed: FixedSampler | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def shape_text(self) -> str:
@@ -68,11 +75,20 @@ class InputSpec:
             ok = ok & (x < self.high).all() if self.open_high else ok & (x <= self.high).all()
         return bool(ok)
 
+    def draw_fixed(self, H: int, D: int, *, seed: int) -> dict:
+        """The per-case parameters `draw` would take from `seed` ({} without `fixed`)."""
+        return {} if self.fixed is None else self.fixed(torch.Generator().manual_seed(seed), H, D)
+
     def draw(self, B: int, H: int, N: int, D: int, *, seed: int, dtype=torch.float32,
-             device="cpu") -> torch.Tensor:
+             device="cpu", fixed: dict | None = None) -> torch.Tensor:
         """The benchmark's draw from `seed` (on CPU in float32, then cast), kept inside an
-        open range after the cast (bfloat16 rounds sigmoid(5) to 1)."""
-        x = self.sample(torch.Generator().manual_seed(seed), B, H, N, D).to(dtype)
+        open range after the cast (bfloat16 rounds sigmoid(5) to 1). The per-case
+        parameters come first from the same generator, unless `fixed` gives them (from
+        `draw_fixed`: one set for every piece of a sequence drawn in pieces)."""
+        gen = torch.Generator().manual_seed(seed)
+        if self.fixed is not None and fixed is None:
+            fixed = self.fixed(gen, H, D)
+        x = self.sample(gen, B, H, N, D, **(fixed or {})).to(dtype)
         if self.open_high and self.high is not None:
             x = x.clamp(max=_below(self.high, dtype))
         if self.open_low and self.low is not None:
@@ -123,8 +139,16 @@ def check_inputs(variant: str, specs: tuple[InputSpec, ...], q: torch.Tensor,
 
 
 def draw_inputs(specs: tuple[InputSpec, ...], B: int, H: int, N: int, D: int, *, seed: int,
-                dtype=torch.float32, device="cpu") -> dict[str, torch.Tensor]:
+                dtype=torch.float32, device="cpu",
+                fixed_seed: int | None = None) -> dict[str, torch.Tensor]:
     """Every declared input drawn for a (B, H, N, D) case; input i from seed + 7919 (i + 1),
-    so that it is independent of q, k, v drawn from `seed`."""
-    return {s.name: s.draw(B, H, N, D, seed=seed + 7919 * (i + 1), dtype=dtype, device=device)
-            for i, s in enumerate(specs)}
+    so that it is independent of q, k, v drawn from `seed`. fixed_seed: the per-case
+    parameters (`InputSpec.fixed`) drawn instead from fixed_seed + 7919 (i + 1), as a case of
+    seed fixed_seed draws them, whatever `seed` the tokens come from (a sequence drawn in
+    pieces, each piece from its own seed, keeps its case's decay rates throughout)."""
+    out = {}
+    for i, s in enumerate(specs):
+        fixed = None if fixed_seed is None else s.draw_fixed(H, D, seed=fixed_seed + 7919 * (i + 1))
+        out[s.name] = s.draw(B, H, N, D, seed=seed + 7919 * (i + 1), dtype=dtype, device=device,
+                             fixed=fixed)
+    return out

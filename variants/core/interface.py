@@ -3,7 +3,9 @@
 A variant is a frozen parameter dataclass and a `Variant` subclass registered with
 `@register` (`registry.py`), in its family's folder. The base class checks shapes and
 declared capabilities before any work, so that a case a variant cannot do is refused with
-its reason instead of quietly computing something else.
+its reason instead of quietly computing something else; `check_call` then `unchecked` is
+the same call with its checks made once (what a benchmark times). Its decoding form,
+token by token, is the `Decoder` half (`decoder.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from .checks import KeyMask, check_qkv
-from .decoding import DecodeState, check_context, check_token
+from .decoder import Decoder
 from .inputs import InputSpec, check_inputs, draw_inputs
 from .reference import softmax_weights
 
@@ -35,7 +37,7 @@ def param(default, *, doc: str = "", choices: tuple | None = None, min: float | 
     return dataclasses.field(default=default, metadata=meta)
 
 
-class Variant(torch.nn.Module):
+class Variant(Decoder, torch.nn.Module):
     """Base class: `forward(q, k, v, causal=False)` on (B, H, N, D) returns o of q's shape."""
 
     # Filled in by each subclass; the registry reads them.
@@ -96,9 +98,17 @@ class Variant(torch.nn.Module):
     # -- the map --------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 causal: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
-        check_qkv(q, k, v)
         backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                                 or v.requires_grad)
+        self.check_call(q, k, v, causal, backward=backward, **inputs)
+        return self.unchecked(q, k, v, causal, **inputs)
+
+    def check_call(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   causal: bool = False, *, backward: bool = False,
+                   **inputs: torch.Tensor) -> None:
+        """Every check `forward` makes before any work (shapes, the declared capabilities,
+        the declared inputs' shapes and ranges): ValueError with the reasons."""
+        check_qkv(q, k, v)
         reasons = self.unsupported_reasons(device=q.device, dtype=q.dtype, causal=causal,
                                            seq_len=q.shape[-2], head_dim=q.shape[-1],
                                            backward=backward)
@@ -106,6 +116,14 @@ class Variant(torch.nn.Module):
             raise ValueError("; ".join(reasons))
         if self.inputs or inputs:
             check_inputs(self.name, self.inputs, q, inputs)
+
+    def unchecked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  causal: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
+        """`forward` without its checks: the method alone, for a caller that ran
+        `check_call` on these very tensors once (a benchmark's timed region, which holds
+        the call and nothing else: a range check of the gates costs reductions and, on
+        CUDA, a host sync per input)."""
+        if self.inputs or inputs:
             return self.attend(q, k, v, causal, **inputs)
         return self.attend(q, k, v, causal)
 
@@ -163,10 +181,14 @@ class Variant(torch.nn.Module):
         return self.attention_weights(q, k, causal)
 
     def draw_inputs(self, B: int, H: int, N: int, D: int, *, seed: int = 0,
-                    dtype: torch.dtype = torch.float32, device="cpu") -> dict[str, torch.Tensor]:
+                    dtype: torch.dtype = torch.float32, device="cpu",
+                    fixed_seed: int | None = None) -> dict[str, torch.Tensor]:
         """The declared inputs beyond q, k, v as a benchmark draws them from `seed` (the
-        papers' layers at initialisation); {} for a variant that declares none."""
-        return draw_inputs(self.inputs, B, H, N, D, seed=seed, dtype=dtype, device=device)
+        papers' layers at initialisation); {} for a variant that declares none.
+        fixed_seed: the layers' per-case parameters (a decay rate per head) from that
+        seed instead (`inputs.draw_inputs`), for a sequence drawn in pieces."""
+        return draw_inputs(self.inputs, B, H, N, D, seed=seed, dtype=dtype, device=device,
+                           fixed_seed=fixed_seed)
 
     def weights_reasons(self, *, device: torch.device | str, dtype: torch.dtype, causal: bool,
                         seq_len: int, head_dim: int) -> list[str]:
@@ -217,75 +239,6 @@ class Variant(torch.nn.Module):
         if self.exact:
             return float(N if not causal else (N + 1) / 2)
         return None
-
-    # -- decoding: one new token at a time (`decoding.py`) -----------------------------
-    def decode_reasons(self) -> list[str]:
-        """Why this variant cannot generate token by token; empty when it can. A benchmark
-        records a decode case it refuses as skipped with these reasons."""
-        if not self.supports_causal:
-            return [f"{self.name} is non-causal only: it has no token-by-token form"]
-        if type(self).decode_prefill is Variant.decode_prefill:
-            return [f"{self.name} has no decoding form (no prefill and step)"]
-        return self.extra_decode_reasons()
-
-    def extra_decode_reasons(self) -> list[str]:
-        """Setting-specific reasons it cannot decode (features redrawn every call, ...)."""
-        return []
-
-    def prefill(self, k: torch.Tensor, v: torch.Tensor, *, max_len: int, **inputs):
-        """The state after the context's (B, H, N, D) keys and values, preallocated for a
-        sequence of `max_len` tokens; the context's outputs are not computed."""
-        check_context(k, v, max_len)
-        reasons = self.decode_reasons() + self.unsupported_reasons(
-            device=k.device, dtype=k.dtype, causal=True, seq_len=max_len, head_dim=k.shape[-1])
-        if reasons:
-            raise ValueError("; ".join(reasons))
-        if self.inputs or inputs:  # the context's own gates, (B, H, N) or (B, H, N, D)
-            check_inputs(self.name, self.inputs, k, inputs)
-        return self.decode_prefill(k, v, max_len, **inputs)
-
-    def step(self, state: DecodeState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             **inputs) -> tuple[torch.Tensor, DecodeState]:
-        """One new token, q, k, v of (B, H, 1, D): its output (B, H, 1, D), equal to that row
-        of the causal forward over the whole sequence, and the state (updated in place)."""
-        check_token(q, k, v)
-        if self.inputs or inputs:
-            check_inputs(self.name, self.inputs, q, inputs)
-        return self.decode_step(state, q, k, v, **inputs)
-
-    def extend(self, state: DecodeState, k: torch.Tensor, v: torch.Tensor,
-               **inputs) -> DecodeState:
-        """More context, (B, H, n, D) keys and values after those the state holds, without
-        outputs: a long context prefilled in pieces (`has_extend` says whether it can)."""
-        if k.dim() != 4 or k.shape != v.shape:
-            raise ValueError(f"extend takes k, v of one (B, H, n, D) shape, got "
-                             f"{tuple(k.shape)}, {tuple(v.shape)}")
-        if self.inputs or inputs:
-            check_inputs(self.name, self.inputs, k, inputs)
-        return self.decode_extend(state, k, v, **inputs)
-
-    def has_extend(self) -> bool:
-        return type(self).decode_extend is not Variant.decode_extend
-
-    def decode_extend(self, state, k, v, **inputs) -> DecodeState:
-        raise NotImplementedError(f"{self.name} prefills its context in one call only")
-
-    def decode_read_size(self, N: int, D: int) -> int | None:
-        """Elements a decoding step reads per (batch, head) at context N: the whole state
-        (`state_size`) unless the variant reads only part of it (a sparse decoder's
-        chosen blocks)."""
-        return self.state_size(N, D)
-
-    def state_nbytes(self, state: DecodeState) -> int:
-        """Bytes the decoding state holds (its preallocated tensors)."""
-        return state.nbytes()
-
-    def decode_prefill(self, k, v, max_len, **inputs) -> DecodeState:
-        """Build the state; variants with a decoding form override this and `decode_step`."""
-        raise NotImplementedError
-
-    def decode_step(self, state, q, k, v, **inputs):
-        raise NotImplementedError
 
     def memory_bytes(self, B: int, H: int, N: int, D: int, dtype: torch.dtype,
                      backward: bool = False) -> int | None:

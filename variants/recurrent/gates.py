@@ -11,6 +11,8 @@ initialisation, applied to a projection output x ~ N(0, 1) per token.
 - `g` per channel (Kimi Delta Attention, fla's KimiDeltaAttention layer):
   -exp(A_log) softplus(x + dt_bias), A = exp(A_log) ~ U(1, 16) per head, dt_bias =
   softplus^-1(dt) with dt ~ logU(1e-3, 1e-1) per channel.
+A_log and dt_bias are a layer's weights: drawn once per case (`InputSpec.fixed`), first
+from the input's generator, then the per-token x.
 - `beta` (DeltaNet, Gated DeltaNet, KDA): sigmoid(x).
 """
 
@@ -35,16 +37,26 @@ def mamba2_decay_params(gen: torch.Generator, H: int) -> tuple[torch.Tensor, tor
     return A.log(), dt + torch.log(-torch.expm1(-dt))  # softplus(dt_bias) = dt
 
 
-def _mamba2_gate(gen: torch.Generator, B: int, H: int, N: int, D: int) -> torch.Tensor:
+def _mamba2_fixed(gen: torch.Generator, H: int, D: int) -> dict:
     A_log, dt_bias = mamba2_decay_params(gen, H)
+    return {"A_log": A_log, "dt_bias": dt_bias}
+
+
+def _mamba2_gate(gen: torch.Generator, B: int, H: int, N: int, D: int, *, A_log: torch.Tensor,
+                 dt_bias: torch.Tensor) -> torch.Tensor:
     x = torch.randn(B, H, N, generator=gen)
     return -A_log.exp()[:, None] * F.softplus(x + dt_bias[:, None])
 
 
-def _kda_gate(gen: torch.Generator, B: int, H: int, N: int, D: int) -> torch.Tensor:
+def _kda_fixed(gen: torch.Generator, H: int, D: int) -> dict:
+    """A (H,) and dt_bias (H, D)."""
     A = torch.empty(H).uniform_(1, 16, generator=gen)
     dt = torch.exp(torch.empty(H, D).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
-    dt_bias = dt + torch.log(-torch.expm1(-dt))  # (H, D)
+    return {"A": A, "dt_bias": dt + torch.log(-torch.expm1(-dt))}
+
+
+def _kda_gate(gen: torch.Generator, B: int, H: int, N: int, D: int, *, A: torch.Tensor,
+              dt_bias: torch.Tensor) -> torch.Tensor:
     x = torch.randn(B, H, N, D, generator=gen)
     return -A[:, None, None] * F.softplus(x + dt_bias[:, None, :])
 
@@ -59,10 +71,10 @@ GATE_CHANNEL = InputSpec("g", ("B", "H", "N", "D"), None, 0.0,
 GATE_HEAD = InputSpec("g", ("B", "H", "N"), None, 0.0,
                       "-exp(A_log) softplus(x + dt_bias), x ~ N(0, 1), A ~ U(1, 16), "
                       "dt ~ logU(1e-3, 1e-1) per head (Mamba2's decay)", _mamba2_gate,
-                      doc="log-decay per head", layer="mamba2_decay")
+                      doc="log-decay per head", layer="mamba2_decay", fixed=_mamba2_fixed)
 GATE_KDA = InputSpec("g", ("B", "H", "N", "D"), None, 0.0,
                      "-exp(A_log) softplus(x + dt_bias), x ~ N(0, 1), A ~ U(1, 16) per head, "
                      "dt ~ logU(1e-3, 1e-1) per channel (KDA's gate)", _kda_gate,
-                     doc="log-decay per key channel", layer="kda_gate")
+                     doc="log-decay per key channel", layer="kda_gate", fixed=_kda_fixed)
 BETA = InputSpec("beta", ("B", "H", "N"), 0.0, 1.0, "sigmoid(x), x ~ N(0, 1)", _beta,
                  open_low=True, open_high=True, doc="write strength", layer="sigmoid")

@@ -83,6 +83,23 @@ class Recurrent(RecurrentDecoding, Variant):
         error is measured against (`err_ref` = recurrence)."""
         return recurrence(*self._in(q, k, v, inputs, torch.float64))
 
+    def reference_from(self, state, q, k, v, **inputs):
+        """The causal forward in float64 from the state S (B, H, D, Dv) after the tokens
+        before (None: zeros): (o, S after these). The chunkwise kernels, block by block as
+        `attend` runs them, not the decoding form: a decode benchmark's reference."""
+        self.check_call(q, k, v, True, **inputs)
+        q, k, v, inputs = q.double(), k.double(), v.double(), {
+            n: t.double() for n, t in inputs.items()}
+        B, H, N, D = q.shape
+        rows = block_rows(B, H, self._c(N), D)
+        out = []
+        for s in range(0, N, rows):
+            o, state = self._chunked(*self._in(
+                q[:, :, s:s + rows], k[:, :, s:s + rows], v[:, :, s:s + rows],
+                {n: t[:, :, s:s + rows] for n, t in inputs.items()}, torch.float64), state)
+            out.append(o)
+        return torch.cat(out, dim=2), state
+
     def state_size(self, N, D):
         return D * D
 

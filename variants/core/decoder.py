@@ -1,0 +1,126 @@
+"""The decoding half of the variant interface, mixed into `Variant`: a state built from
+the context, then one token at a time (the states themselves: `decoding.py`).
+
+    state = m.prefill(k, v, max_len=N + T)      # checked: the context and its inputs
+    o, state = m.step(state, q, k, v)           # checked: the token and its inputs
+    m.check_tokens(q, k, v); m.decode_step(...)  # T tokens checked once, then steps alone
+
+The host class gives `name`, `inputs`, `err_ref`, `supports_causal`,
+`unsupported_reasons` and `state_size` (interface.Variant does).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import check_qkv
+from .decoding import DecodeState, KVCache, RingKV, check_context, check_token
+from .inputs import check_inputs
+
+
+class Decoder:
+    """Decoding: `prefill`, `extend`, `step` check what they are given, then call the
+    variant's `decode_prefill`, `decode_extend`, `decode_step`; what a step reads and
+    writes; the float64 reference of a sequence taken in pieces."""
+
+    def decode_reasons(self) -> list[str]:
+        """Why this variant cannot generate token by token; empty when it can. A benchmark
+        records a decode case it refuses as skipped with these reasons."""
+        if not self.supports_causal:
+            return [f"{self.name} is non-causal only: it has no token-by-token form"]
+        if type(self).decode_prefill is Decoder.decode_prefill:
+            return [f"{self.name} has no decoding form (no prefill and step)"]
+        if self.err_ref != "softmax" and type(self).reference_from is Decoder.reference_from:
+            return [f"{self.name} is measured against its own {self.err_ref}, and has no float64 "
+                    "reference from a state (reference_from) to check its generated tokens by"]
+        return self.extra_decode_reasons()
+
+    def extra_decode_reasons(self) -> list[str]:
+        """Setting-specific reasons it cannot decode (features redrawn every call, ...)."""
+        return []
+
+    def prefill(self, k: torch.Tensor, v: torch.Tensor, *, max_len: int, **inputs):
+        """The state after the context's (B, H, N, D) keys and values, preallocated for a
+        sequence of `max_len` tokens; the context's outputs are not computed."""
+        check_context(k, v, max_len)
+        reasons = self.decode_reasons() + self.unsupported_reasons(
+            device=k.device, dtype=k.dtype, causal=True, seq_len=max_len, head_dim=k.shape[-1])
+        if reasons:
+            raise ValueError("; ".join(reasons))
+        if self.inputs or inputs:  # the context's own gates, (B, H, N) or (B, H, N, D)
+            check_inputs(self.name, self.inputs, k, inputs)
+        return self.decode_prefill(k, v, max_len, **inputs)
+
+    def step(self, state: DecodeState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             **inputs) -> tuple[torch.Tensor, DecodeState]:
+        """One new token, q, k, v of (B, H, 1, D): its output (B, H, 1, D), equal to that row
+        of the causal forward over the whole sequence, and the state (updated in place).
+        Checks the token first; `check_tokens` then `decode_step` is the same without a
+        check per token."""
+        check_token(q, k, v)
+        if self.inputs or inputs:
+            check_inputs(self.name, self.inputs, q, inputs)
+        return self.decode_step(state, q, k, v, **inputs)
+
+    def check_tokens(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     **inputs) -> None:
+        """The checks `step` makes, on T new tokens at once: q, k, v of one (B, H, T, D)
+        shape, dtype and device, the declared inputs of those T tokens; ValueError naming
+        what is wrong. A caller that checks its tokens here once may then call
+        `decode_step` on each token's slices (a benchmark's timed loop: the step and
+        nothing else)."""
+        check_qkv(q, k, v)
+        if self.inputs or inputs:
+            check_inputs(self.name, self.inputs, q, inputs)
+
+    def extend(self, state: DecodeState, k: torch.Tensor, v: torch.Tensor,
+               **inputs) -> DecodeState:
+        """More context, (B, H, n, D) keys and values after those the state holds, without
+        outputs: a long context prefilled in pieces (`has_extend` says whether it can)."""
+        if k.dim() != 4 or k.shape != v.shape:
+            raise ValueError(f"extend takes k, v of one (B, H, n, D) shape, got "
+                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+        if self.inputs or inputs:
+            check_inputs(self.name, self.inputs, k, inputs)
+        return self.decode_extend(state, k, v, **inputs)
+
+    def has_extend(self) -> bool:
+        return type(self).decode_extend is not Decoder.decode_extend
+
+    def decode_extend(self, state, k, v, **inputs) -> DecodeState:
+        raise NotImplementedError(f"{self.name} prefills its context in one call only")
+
+    def decode_read_size(self, N: int, D: int) -> int | None:
+        """Elements a decoding step reads per (batch, head) at context N: the whole state
+        (`state_size`) unless the variant reads only part of it (a sparse decoder's
+        chosen blocks)."""
+        return self.state_size(N, D)
+
+    def decode_write_size(self, N: int, D: int, state: DecodeState) -> int | None:
+        """Elements a decoding step writes per (batch, head) at context N: into a cache of
+        keys and values (`KVCache`, `RingKV`, and caches built on them) the new token's key
+        and value, 2 D; any other state is rewritten whole every step (a recurrence's or
+        a kernel's S <- f(S)): what it reads, written back."""
+        if isinstance(state, (KVCache, RingKV)):
+            return 2 * D
+        return self.decode_read_size(N, D)
+
+    def state_nbytes(self, state: DecodeState) -> int:
+        """Bytes the decoding state holds (its preallocated tensors)."""
+        return state.nbytes()
+
+    def decode_prefill(self, k, v, max_len, **inputs) -> DecodeState:
+        """Build the state; variants with a decoding form override this and `decode_step`."""
+        raise NotImplementedError
+
+    def decode_step(self, state, q, k, v, **inputs):
+        raise NotImplementedError
+
+    def reference_from(self, state, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       **inputs: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """Where `err_ref` is not `softmax`: the float64 causal output of q, k, v (B, H, n, D)
+        continuing from `state` (None: the start of a sequence; else what the last call
+        returned), and the state after them: the reference of a sequence taken in pieces
+        (a decode benchmark's long context, then its new tokens). Computed by the
+        variant's forward, never by its decoding form, so that a wrong step shows."""
+        raise NotImplementedError(f"{self.name} has no float64 reference from a state")
