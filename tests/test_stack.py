@@ -65,3 +65,23 @@ def test_a_stack_builds_each_layer_with_its_own_mixer_and_parameters():
     assert set(model.blocks[0].inputs) == {"g"} and not model.blocks[3].inputs
     x = torch.randint(0, 32, (2, 16))
     assert model(x).shape == (2, 16, 32)
+
+
+def test_a_train_matrix_takes_patterns_and_their_mixers_settings(tmp_path):
+    from harness.errors import UsageError
+    from harness.train import matrix
+    raw = {"variants": ["gla*3+sliding_window", "sdpa"], "layers": 4,
+           "params": {"sliding_window": [{"window": 4}, {"window": 8}]}}
+    configs = matrix.expand(matrix.normalise(raw))
+    stacks = [c for c in configs if c.variant == "gla*3+sliding_window"]
+    assert sorted(c.param_dict["sliding_window"]["window"] for c in stacks) == [4, 8]
+    assert all(c.param_dict["gla"] == json_defaults("gla") for c in stacks)
+    with pytest.raises(UsageError, match="does not divide layers = 6"):
+        matrix.expand(matrix.normalise({**raw, "layers": 6}))
+    with pytest.raises(UsageError, match="unknown variant 'glaa'"):
+        matrix.normalise({"variants": ["glaa*3+sdpa"], "layers": 4})
+
+
+def json_defaults(name):
+    import dataclasses
+    return dataclasses.asdict(variants.make_params(name))
