@@ -6,7 +6,8 @@ attention in float64, in query chunks, that every error is measured against; `ch
 (shapes, key masks, the 1/sqrt(D) scale) sits below both; `ops` holds the in-place numerics
 the families' kernels share; `decoding` the states a decoder keeps (a key-value cache
 written in place, a ring buffer; `CacheDecoder`, the extend of a variant that decodes from
-one). Imports: torch only; nothing from the families.
+one); `modules` the variants from outside the package (a module of one's own, an entry
+point), with where each came from. Imports: torch only; nothing from the families.
 """
 
 from .checks import KeyMask, check_qkv, softmax_scale
@@ -15,12 +16,14 @@ from .inputs import InputSpec
 from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
 from .ops import (Workspace, compute_dtype, exp_, softmax_, softmax_logsumexp,
                   softmax_lse_)
+from .modules import ModuleError, load_entry_points, load_module, loaded_modules
 from .reference import dense_mask, exact_reference, naive_attention, softmax_weights
-from .registry import (ParamSpec, VariantSpec, build, make_params, names, register,
+from .registry import (ParamSpec, VariantSpec, build, make_params, names, origin, register,
                        spec)
 
 __all__ = ["CacheDecoder", "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
            "RingKV", "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build",
            "check_qkv", "compute_dtype", "dense_mask", "exact_reference", "exp_",
-           "make_params", "naive_attention", "names", "param", "register", "softmax_",
+           "load_entry_points", "load_module", "loaded_modules", "make_params", "ModuleError",
+           "naive_attention", "names", "origin", "param", "register", "softmax_",
            "softmax_logsumexp", "softmax_lse_", "softmax_scale", "softmax_weights", "spec"]
