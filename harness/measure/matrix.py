@@ -37,6 +37,10 @@ ceil(min_repeats / R) timings (harness.measure.runner): the total stays about th
 a drift of the machine's speed between minutes shows as the spread between the rounds'
 medians instead of hiding in one slow minute. Memory and error are measured once.
 
+A top-level `modules = ["my_attention.py", "mypkg.attention"]` names variant modules to
+import first (paths relative to the TOML; harness.cli.modules): how the names in `variants`
+exist, not part of what is run.
+
 A captured input's case records the model's real shape: batch = layers x the group's
 `batch` (token windows), heads and head_dim the model's; a causal model's cases are causal.
 """
@@ -322,6 +326,7 @@ def load(source: str, overrides: dict | None = None) -> tuple[dict, list[Case]]:
     """Read, check and expand a preset or TOML file: (normalised matrix, cases)."""
     raw = read_toml(source)
     raw.pop("executor", None)  # how to run it (harness.cluster.executors), not part of what is run
+    raw.pop("modules", None)  # variant modules to import (harness.cli.modules), loaded before
     if {"task", "lrs", "d_model", "max_steps"} & set(raw):
         raise UsageError(f"{source} is a training matrix (for `run_bench.py train`), not a "
                          "benchmark matrix")
