@@ -247,14 +247,20 @@ def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTION
 
 def narrow_variants(groups: list[dict], narrow, errors: list[str]) -> None:
     """Keep only the variants named in `narrow` (--variants) in each expanded group; a name
-    that is not registered, or not in the matrix, is an error."""
+    that is not registered, or not in the matrix, is an error, except a variant from
+    outside the package (a variant module, an entry point): it joins every group with its
+    defaults, so that a preset's settings run on one's own variant."""
     wanted = [n.strip() for n in narrow if n.strip()]
     present = {n for g in groups for n in g["variants"]}
     for n in wanted:
         if n not in variants.names(private=True):
             errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
-        elif n not in present:
+        elif n not in present and variants.origin(n).startswith("variants/"):
             errors.append(f"variant {n!r} is not in this matrix")
+        elif n not in present:
+            defaults = json.dumps(dataclasses.asdict(variants.make_params(n)), sort_keys=True)
+            for g in groups:
+                g["variants"][n] = [defaults]
     for g in groups:
         g["variants"] = {n: s for n, s in g["variants"].items() if n in wanted}
 
