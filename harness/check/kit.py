@@ -1,5 +1,5 @@
 """The kit's plumbing: a property's result, the inputs it draws, whether a case runs, and
-the loop over variants and properties that `attnbench check` prints.
+the lines `attnbench check` prints.
 
 A property is a function `(name) -> Result`: it builds the variant with its defaults,
 asks it first whether it can run the case (`unsupported_reasons`) and, where it cannot,
@@ -110,18 +110,6 @@ class NotApplicable(Exception):
     weights, no exactness)."""
 
 
-def ALL_PROPERTIES() -> tuple:
-    """The kit's properties, in the order `check` prints them (harness.check.properties.ALL)."""
-    from harness.check.properties import ALL
-
-    return ALL
-
-
-def check(names: list[str], properties=None) -> list[Result]:
-    """Every property (default: ALL_PROPERTIES) of every named variant."""
-    return [run_property(fn, n) for n in names for fn in (properties or ALL_PROPERTIES())]
-
-
 def report(results: list[Result]) -> tuple[str, int]:
     """The lines `attnbench check` prints and its exit status (1 when a property fails)."""
     width = max((len(r.variant) for r in results), default=0)
@@ -133,5 +121,5 @@ def report(results: list[Result]) -> tuple[str, int]:
     return "\n".join(lines), 1 if counts["fail"] else 0
 
 
-__all__ = ["Failed", "N_GENERIC", "NotApplicable", "Refused", "Result", "ALL_PROPERTIES", "check", "expect",
+__all__ = ["Failed", "N_GENERIC", "NotApplicable", "Refused", "Result", "expect",
            "extra", "qkv", "rel_err", "report", "require", "run_property"]

@@ -17,7 +17,7 @@ import torch
 import variants
 from harness.check.decoding import decoding, state_size, weights
 from harness.check.kit import (N_GENERIC, NotApplicable, Refused, expect, extra, qkv,
-                               rel_err, require)
+                               rel_err, require, run_property)
 
 
 def spec(name: str) -> str:
@@ -266,3 +266,8 @@ def exactness(name: str) -> str:
 
 ALL = (spec, shapes, gradients, batch_heads, causal, determinism, flops, exactness,
        weights, decoding, state_size)
+
+
+def check(names: list[str], properties=ALL) -> list:
+    """Every property of every named variant, as kit.Results."""
+    return [run_property(fn, n) for n in names for fn in properties]

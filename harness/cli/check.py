@@ -12,6 +12,7 @@ import argparse
 
 import variants
 from harness.check import kit
+from harness.check.properties import ALL
 from harness.cli import modules
 from harness.errors import UsageError
 
@@ -43,7 +44,7 @@ def check_command(args) -> int:
     results = []
     for name in names:
         print(f"{name} ({variants.origin(name)})", flush=True)
-        for fn in kit.ALL_PROPERTIES():
+        for fn in ALL:
             r = kit.run_property(fn, name)
             results.append(r)
             print("  " + r.line(len(name)), flush=True)
