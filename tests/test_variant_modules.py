@@ -179,3 +179,14 @@ def test_a_bad_module_is_one_line_exit_2_and_nothing_written(tmp_path, clean, ca
     assert out.err.startswith(f"run_bench.py: error: variant module {path}: {words}"), out.err
     assert not res.exists()
     assert bad[:-3] not in variants.names() and "cosine" not in variants.names()
+
+
+def test_attnbench_is_the_console_script_of_run_bench_main(monkeypatch, capsys):
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"attnbench": "run_bench:main"}
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/attnbench", "run", "--variants"])
+    assert run_bench.main() == 2  # argparse's own error, under the script's name
+    err = capsys.readouterr().err
+    assert err.startswith("attnbench: error:") and err.count("\n") == 1
