@@ -190,3 +190,15 @@ def test_attnbench_is_the_console_script_of_run_bench_main(monkeypatch, capsys):
     assert run_bench.main() == 2  # argparse's own error, under the script's name
     err = capsys.readouterr().err
     assert err.startswith("attnbench: error:") and err.count("\n") == 1
+
+
+def test_a_resumed_run_warns_when_a_module_changed_since_it_started(mine, clean, capsys):
+    from harness.cli.modules import warn_changed
+
+    variants.load_module(str(mine))
+    [rec] = [m for m in variants.loaded_modules() if m["path"] == str(mine)]
+    assert warn_changed({"variant_modules": [rec]}) == []
+    assert warn_changed({}) == []  # a run from before variant modules were recorded
+    [line] = warn_changed({"variant_modules": [dict(rec, sha256="0" * 64)]})
+    assert f"variant module {mine} changed since this run started" in line
+    assert capsys.readouterr().err == line + "\n"

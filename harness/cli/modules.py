@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import variants
@@ -71,3 +72,19 @@ def use(args, source: str | None = None) -> list[str]:
             os.environ[EXTRA_ENV] = os.pathsep.join(known)
         raise UsageError(str(e)) from None
     return merged
+
+
+def warn_changed(meta: dict) -> list[str]:
+    """On a resumed run: warn (stderr) for each variant module whose source differs from the
+    one the run's meta.json recorded, since the rows measured before came from that code.
+    Returns the warnings."""
+    before = {m["path"]: m["sha256"] for m in meta.get("variant_modules") or [] if m.get("path")}
+    out = []
+    for m in variants.loaded_modules():
+        old = before.get(m["path"])
+        if old is not None and old != m["sha256"]:
+            out.append(f"warning: variant module {m['path']} changed since this run started "
+                       f"(sha256 {old[:12]} -> {m['sha256'][:12]}): the rows measured before "
+                       "came from the earlier code; a new --run-id keeps them apart")
+            print(out[-1], file=sys.stderr)
+    return out

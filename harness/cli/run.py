@@ -25,6 +25,7 @@ import variants
 from harness.models import capture
 from harness.measure import estimate
 from harness.measure import maps
+from harness.cli import modules
 from harness.cluster import executors
 from harness.cluster import sharded
 from harness.cluster import shards
@@ -137,6 +138,8 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
     executors.check_available(settings)
     store = RunStore(Path(results_dir) / run_id)
     resume = store.check(matrix)
+    if resume:
+        modules.warn_changed(store.read_meta())
     capture.prepare(cases)  # captured inputs: once, cached, before anything is measured
     if settings.kind != "serial":
         out = sharded.run(matrix, cases, store, resume, settings, _rerun(argv, run_id))
