@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 import variants
-from harness.check.kit import N_GENERIC, NotApplicable, Refused, expect, extra, qkv, rel_err
+from harness.check.kit import (N_GENERIC, Failed, NotApplicable, Refused, expect, extra, qkv,
+                               rel_err)
 
 
 def weights_case(name: str, causal: bool) -> str:
@@ -32,7 +33,7 @@ def weights_case(name: str, causal: bool) -> str:
         except ValueError as e:
             expect(reasons[0] in str(e), f"weights refused with {e}, not {reasons[0]!r}")
             raise Refused(reasons) from None
-        raise AssertionError(f"declares {reasons[0]!r} but weights gave a map")
+        raise Failed(f"declares {reasons[0]!r} but weights gave a map")
     ins = extra(m, q)
     with torch.no_grad():
         w = m.weights(q, k, causal, **ins)

@@ -43,6 +43,11 @@ class Refused(Exception):
         self.lacks = any(w in r for r in reasons for w in MACHINE_LACKS)
 
 
+class NotApplicable(Exception):
+    """A property that does not apply to this variant (it declares no decoding form, no
+    weights, no exactness)."""
+
+
 class Failed(AssertionError):
     """A property that does not hold: the message says what, with the numbers."""
 
@@ -103,11 +108,6 @@ def run_property(fn, name: str, *args) -> Result:
     except Exception as e:  # the variant raised: that is the finding
         return Result(name, prop, "fail", f"raised {type(e).__name__}: {e}".splitlines()[0])
     return Result(name, prop, "pass", detail)
-
-
-class NotApplicable(Exception):
-    """A property that does not apply to this variant (it declares no decoding form, no
-    weights, no exactness)."""
 
 
 def report(results: list[Result]) -> tuple[str, int]:

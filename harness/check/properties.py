@@ -16,8 +16,8 @@ import torch
 
 import variants
 from harness.check.decoding import decoding, state_size, weights
-from harness.check.kit import (N_GENERIC, NotApplicable, Refused, expect, extra, qkv,
-                               rel_err, require, run_property)
+from harness.check.kit import (N_GENERIC, Failed, NotApplicable, Refused, expect, extra,
+                               qkv, rel_err, require, run_property)
 
 
 def spec(name: str) -> str:
@@ -36,7 +36,7 @@ def spec(name: str) -> str:
             expect(name in str(e) and next(iter(params)) in str(e),
                    f"the refusal of {params} does not name the variant and parameter: {e}")
         else:
-            raise AssertionError(f"build accepted {params}")
+            raise Failed(f"build accepted {params}")
     return f"family {s.family}, {len(s.params)} parameter(s), bad ones refused"
 
 
@@ -137,7 +137,7 @@ def causal(name: str) -> str:
         except ValueError as e:
             expect("causal" in str(e), f"refused causal=True without saying so: {e}")
             return f"non-causal only, causal=True refused ({reasons[0]})"
-        raise AssertionError("non-causal only, but forward ran causal=True")
+        raise Failed("non-causal only, but forward ran causal=True")
     require(m, q, causal=True)
     i = N_GENERIC // 2
     g = torch.Generator().manual_seed(7)
