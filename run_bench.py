@@ -1,13 +1,18 @@
 """attnbench command line: run a benchmark matrix, report it, compare runs, list variants.
 
-    python run_bench.py                      # quick CPU matrix, model drift at N=512, report
-    python run_bench.py run --preset cpu     # or gpu, or a TOML file of your own
-    python run_bench.py report results/<run-id>
-    python run_bench.py compare results/<a> results/<b>
-    python run_bench.py list                 # variants, families, parameters
-    python run_bench.py model [--model minilm|PATH] [--text FILE]   # drift inside a real model
-    python run_bench.py maps [--layer L --head H --seq-len N --variants ...]  # attention maps
-    python run_bench.py train [--preset train-quick|train-cpu|train-gpu]   # trained recall
+`attnbench` (the console script `pip install` gives) and `python run_bench.py` are the
+same command:
+
+    attnbench                                # quick CPU matrix, model drift at N=512, report
+    attnbench run --preset cpu               # or gpu, or a TOML file of your own
+    attnbench report results/<run-id>
+    attnbench compare results/<a> results/<b>
+    attnbench list                           # variants, families, parameters, origins
+    attnbench model [--model minilm|PATH] [--text FILE]   # drift inside a real model
+    attnbench maps [--layer L --head H --seq-len N --variants ...]  # attention maps
+    attnbench train [--preset train-quick|train-cpu|train-gpu]   # trained recall
+    attnbench check my_attention.py          # the conformance kit on variants of your own
+    attnbench run --variant-module my_attention.py ...   # also train, model, maps, list
 
 Bad input ends with a one-line error on stderr and exit status 2.
 """
@@ -15,6 +20,7 @@ Bad input ends with a one-line error on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from harness.errors import UsageError
@@ -25,30 +31,46 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _prog() -> str:
+    """`attnbench` when run as the console script, else `run_bench.py`."""
+    return "attnbench" if os.path.basename(sys.argv[0] or "") == "attnbench" else "run_bench.py"
+
+
 def _parser() -> argparse.ArgumentParser:
+    from harness.cli import check as cli_check
     from harness.cli import maps as cli_maps
+    from harness.cli import modules as cli_modules
     from harness.cli import model as cli_model
     from harness.cli import report as cli_report
     from harness.cli import run as cli_run
     from harness.cli import train as cli_train
 
-    p = _Parser(prog="run_bench.py", description=__doc__.splitlines()[0])
+    p = _Parser(prog=_prog(), description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
-    cli_run.add_run_args(sub.add_parser("run", help="run a benchmark matrix"))
-    cli_run.add_list_args(sub.add_parser("list", help="list variants and their parameters"))
+    with_modules = [
+        (cli_run.add_run_args, "run", "run a benchmark matrix"),
+        (cli_run.add_list_args, "list", "list variants, their parameters and origins"),
+        (cli_model.add_model_args, "model",
+         "drift of a pretrained model when a variant replaces its attention"),
+        (cli_maps.add_maps_args, "maps",
+         "draw the attention maps of one head: exact, each variant, differences"),
+        (cli_train.add_train_args, "train",
+         "train a small model per variant on a recall task (train.csv)")]
+    for add, name, what in with_modules:
+        q = sub.add_parser(name, help=what)
+        add(q)
+        cli_modules.add_args(q)
+    cli_check.add_check_args(sub.add_parser(
+        "check", help="the conformance kit on the variants a module registers"))
     cli_report.add_report_args(sub.add_parser("report", help="write the report of a run"))
     cli_report.add_compare_args(sub.add_parser("compare", help="compare two runs"))
-    cli_model.add_model_args(sub.add_parser(
-        "model", help="drift of a pretrained model when a variant replaces its attention"))
-    cli_maps.add_maps_args(sub.add_parser(
-        "maps", help="draw the attention maps of one head: exact, each variant, differences"))
-    cli_train.add_train_args(sub.add_parser(
-        "train", help="train a small model per variant on a recall task (train.csv)"))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from harness.cli import check as cli_check
     from harness.cli import maps as cli_maps
+    from harness.cli import modules as cli_modules
     from harness.cli import model as cli_model
     from harness.cli import report as cli_report
     from harness.cli import run as cli_run
@@ -57,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # to print a rerun command
+        args.prog = _prog()
+        if args.command not in ("report", "compare", "check"):  # before anything is built
+            cli_modules.use(args, getattr(args, "config", None) or getattr(args, "preset", None))
         if args.command is None:  # the default job: the quick CPU matrix, the model drift
             run_dir = cli_run.run_default()  # at N = 512 into the same folder, the report
             cli_model.run_model(cli_model.default_args(run_dir.parent, run_dir.name))
@@ -66,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                 "compare": cli_report.compare_command,
                 "model": cli_model.model_command,
                 "maps": cli_maps.maps_command,
-                "train": cli_train.train_command}[args.command](args)
+                "train": cli_train.train_command,
+                "check": cli_check.check_command}[args.command](args)
     except UsageError as e:
-        print(f"run_bench.py: error: {e}", file=sys.stderr)
+        print(f"{_prog()}: error: {e}", file=sys.stderr)
         return 2
 
 

@@ -47,9 +47,9 @@ def test_relative_links_resolve(page):
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_shown_command_parses(page):
     commands = [line for line in _code_lines(page.read_text())
-                if line.startswith("python run_bench.py")]
-    for line in commands:
-        argv = shlex.split(line, comments=True)[2:]
+                if line.startswith(("python run_bench.py", "attnbench"))]
+    for line in commands:  # the console script `attnbench` is `python run_bench.py`
+        argv = shlex.split(line, comments=True)[1 if line.startswith("attnbench") else 2:]
         try:
             run_bench._parser().parse_args(argv)
         except Exception as e:  # UsageError from the parser: an unknown flag or command

@@ -93,6 +93,8 @@ def test_a_dropped_in_variant_runs_through_the_whole_kit(tmp_path):
     names() and conformance-tested."""
     shutil.copytree(ROOT / "variants", tmp_path / "variants",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "harness", tmp_path / "harness",  # the kit: harness.check
+                    ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "tests", tmp_path / "tests",
                     ignore=shutil.ignore_patterns("__pycache__", "benchmarks"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)

@@ -12,15 +12,20 @@ modules. `library/` holds library kernels (flex, SDPA with a mask, xformers bias
 our families' algorithms.
 
 Adding a variant: one new file in its family's folder (or a new folder for a new family)
-and one import line in that folder's `__init__.py` (a new folder: one line below too).
+and one import line in that folder's `__init__.py` (a new folder: one line below too). Or,
+outside this package: a file of one's own that `@register`s it, loaded by
+`load_module(path)` (the command line's `--variant-module`), or an installed package's entry
+point in the group `attnbench.variants` (`load_entry_points`).
 """
 
-from .core import (WEIGHTS_MAX_N, KeyMask, ParamSpec, Variant, VariantSpec, build, dense_mask,
-                   exact_reference, make_params, naive_attention, names, param, register,
-                   softmax_weights, spec)
+from .core import (WEIGHTS_MAX_N, KeyMask, ModuleError, ParamSpec, Variant, VariantSpec,
+                   build, dense_mask, exact_reference, load_entry_points, load_module,
+                   loaded_modules, make_params, naive_attention, names, origin, param,
+                   register, softmax_weights, spec)
 
-__all__ = ["WEIGHTS_MAX_N", "KeyMask", "ParamSpec", "Variant", "VariantSpec", "build", "dense_mask",
-           "exact_reference", "make_params", "naive_attention", "names", "param",
+__all__ = ["WEIGHTS_MAX_N", "KeyMask", "ModuleError", "ParamSpec", "Variant", "VariantSpec",
+           "build", "dense_mask", "exact_reference", "load_entry_points", "load_module",
+           "loaded_modules", "make_params", "naive_attention", "names", "origin", "param",
            "register", "softmax_weights", "spec"]
 
 # The families, in registration order; importing a package registers its variants.

@@ -1,16 +1,18 @@
-"""The `run` and `list` commands of run_bench.py.
+"""The `run` and `list` commands of attnbench (run_bench.py).
 
 `run` checks the whole matrix before anything is measured (every problem reported on one
 line, exit 2, nothing written), then runs it into <results-dir>/<run-id>/ and, once every
 case has its row (serial or sharded), writes the run's report there (`--no-report`: not); the
 same run id again resumes that run (see harness.measure.store for the rule). `--dry-run`
-prints the plan.
+prints the plan (and where each variant from outside the package comes from). `list`
+shows every variant with its origin: its family folder, a module, an entry point.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import sys
 from collections import Counter
@@ -23,6 +25,7 @@ import variants
 from harness.models import capture
 from harness.measure import estimate
 from harness.measure import maps
+from harness.cli import modules
 from harness.cluster import executors
 from harness.cluster import sharded
 from harness.cluster import shards
@@ -135,6 +138,8 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
     executors.check_available(settings)
     store = RunStore(Path(results_dir) / run_id)
     resume = store.check(matrix)
+    if resume:
+        modules.warn_changed(store.read_meta())
     capture.prepare(cases)  # captured inputs: once, cached, before anything is measured
     if settings.kind != "serial":
         out = sharded.run(matrix, cases, store, resume, settings, _rerun(argv, run_id))
@@ -156,11 +161,13 @@ def _rerun(argv: list[str] | None, run_id: str) -> str:
     argv = [a for a in (argv or []) if a != "--no-wait"]
     if not any(a == "--run-id" or a.startswith("--run-id=") for a in argv):
         argv += ["--run-id", run_id]
-    return shlex.join([sys.executable.rsplit("/", 1)[-1], "run_bench.py", *argv])
+    head = (["attnbench"] if os.path.basename(sys.argv[0] or "") == "attnbench"
+            else [sys.executable.rsplit("/", 1)[-1], "run_bench.py"])
+    return shlex.join([*head, *argv])
 
 
 def run_command(args) -> int:
-    import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
+    import_extra()  # variant modules (harness.cli.modules has loaded them), entry points
     source = args.config or args.preset or "quick"
     settings = executors.settings_from(args, mx.read_toml(source).get("executor"))
     if args.dry_run:
@@ -204,6 +211,10 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
     print(f"{len(cases)} cases; {skipped} skipped as declared unsupported; "
           f"{len(cases) - skipped} to run, compute-bound estimate {total_s / 60:.1f} min "
           f"({'; '.join(where)})")
+    outside = {c.variant: variants.origin(c.variant) for c in cases
+               if not variants.origin(c.variant).startswith("variants/")}
+    for name, origin in outside.items():
+        print(f"  {name}: from {origin}")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
     decoding = [(c, decode_bytes(c, variants.build(c.variant, **c.param_dict)))
@@ -237,9 +248,10 @@ def list_command(args) -> int:
         causal = "only" if s.causal_only else ("yes" if s.supports_causal else "no")
         inputs = "; ".join(f"{i.name} {i.shape_text} {i.range_text}" for i in s.inputs) or "-"
         rows.append([name, s.family, exact, causal, "yes" if s.supports_backward else "no",
-                     params, inputs, s.paper])
+                     params, inputs, s.origin, s.paper])
     print(tabulate(rows, headers=["variant", "family", "exact", "causal", "backward",
-                                  "parameters (defaults)", "inputs beyond q, k, v", "paper"]))
+                                  "parameters (defaults)", "inputs beyond q, k, v", "origin",
+                                  "paper"]))
     return 0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from harness.cli import modules
 from harness.cli.run import _parse, _rerun, _run_id
 from harness.cluster import executors
 from harness.errors import UsageError
@@ -120,6 +121,8 @@ def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | Non
     executors.check_available(settings)
     store = TrainStore(Path(results_dir) / run_id)
     resume = store.check(matrix)
+    if resume:
+        modules.warn_changed(store.read_meta())  # variant modules edited since it started
     if settings.kind != "serial":
         from harness.cluster import trained
 

@@ -227,12 +227,20 @@ class ShardJob:
     own shard file."""
 
     def __init__(self, body, folder: str, index: int, units: list, executor: str):
+        from harness.measure.worker import EXTRA_ENV
+
         self.body, self.args = body, (folder, index, units, executor)
+        # The variant modules of the submitting command (--variant-module, the TOML's
+        # `modules`, ATTNBENCH_EXTRA_MODULES) travel pickled with the job, whatever
+        # environment the job starts in (a Slurm node, a requeue); its workers inherit them.
+        self.modules = os.environ.get(EXTRA_ENV, "")
 
     def __call__(self) -> dict:
-        from harness.measure.worker import import_extra
+        from harness.measure.worker import EXTRA_ENV, import_extra
 
-        import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
+        if self.modules:
+            os.environ[EXTRA_ENV] = self.modules
+        import_extra()  # variants registered outside the package, and entry points
         return self.body(*self.args)
 
     def checkpoint(self, *args, **kwargs):

@@ -85,8 +85,10 @@ def main() -> int:
     from harness.models.source import quiet_transformers
     from harness.measure.memory import peak_cpu_mib
     from harness.drift.store import row_key
+    from harness.measure.worker import import_extra
 
     quiet_transformers()
+    import_extra()  # the parent's variant modules (ATTNBENCH_EXTRA_MODULES), entry points
     data = sys.stdin.read()
     if not data:  # the parent stopped before sending (bad input, nothing to measure)
         return 0

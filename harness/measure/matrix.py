@@ -37,6 +37,10 @@ ceil(min_repeats / R) timings (harness.measure.loop): the total stays about the 
 a drift of the machine's speed between minutes shows as the spread between the rounds'
 medians instead of hiding in one slow minute. Memory and error are measured once.
 
+A top-level `modules = ["my_attention.py", "mypkg.attention"]` names variant modules to
+import first (paths relative to the TOML; harness.cli.modules): how the names in `variants`
+exist, not part of what is run.
+
 A captured input's case records the model's real shape: batch = layers x the group's
 `batch` (token windows), heads and head_dim the model's; a causal model's cases are causal.
 """
@@ -244,7 +248,9 @@ def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTION
 
 def narrow_variants(groups: list[dict], narrow, errors: list[str]) -> None:
     """Keep only the variants named in `narrow` (--variants) in each expanded group; a name
-    that is not registered, or not in the matrix, is an error."""
+    that is not registered, or not in the matrix, is an error, except a variant from
+    outside the package (a variant module, an entry point): it joins every group with its
+    defaults, so that a preset's settings run on one's own variant."""
     wanted = [n.strip() for n in narrow if n.strip()]
     present = {n for g in groups for n in g["variants"]}
     for n in wanted:
@@ -253,8 +259,12 @@ def narrow_variants(groups: list[dict], narrow, errors: list[str]) -> None:
                 errors.append(f"layer pattern {n!r} is not in this matrix")
         elif n not in variants.names(private=True):
             errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
-        elif n not in present:
+        elif n not in present and variants.origin(n).startswith("variants/"):
             errors.append(f"variant {n!r} is not in this matrix")
+        elif n not in present:
+            defaults = json.dumps(dataclasses.asdict(variants.make_params(n)), sort_keys=True)
+            for g in groups:
+                g["variants"][n] = [defaults]
     for g in groups:
         g["variants"] = {n: s for n, s in g["variants"].items() if n in wanted}
 
@@ -353,6 +363,7 @@ def load(source: str, overrides: dict | None = None) -> tuple[dict, list[Case]]:
     """Read, check and expand a preset or TOML file: (normalised matrix, cases)."""
     raw = read_toml(source)
     raw.pop("executor", None)  # how to run it (harness.cluster.executors), not part of what is run
+    raw.pop("modules", None)  # variant modules to import (harness.cli.modules), loaded before
     if {"task", "lrs", "d_model", "max_steps"} & set(raw):
         raise UsageError(f"{source} is a training matrix (for `run_bench.py train`), not a "
                          "benchmark matrix")

@@ -18,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+import variants
 from harness.files import META, RESULTS, ROUNDS, CsvLog, check_folder, now, write_json  # noqa: F401 (re-exported)
 from harness.files import RESULT_COLUMNS as COLUMNS
 
@@ -113,7 +114,8 @@ class RunStore:
 
 
 def environment(threads: int) -> dict:
-    """The facts meta.json keeps beside the results: versions, devices, CPU, commit, speed."""
+    """The facts meta.json keeps beside the results: versions, devices, CPU, commit, speed,
+    the variant modules loaded (variants.loaded_modules)."""
     import platform
     import subprocess
     from importlib import metadata
@@ -142,7 +144,9 @@ def environment(threads: int) -> dict:
             # the 1, 5, 15-minute load averages as the run starts.
             "load_average_start": [round(x, 2) for x in os.getloadavg()],
             "git_commit": git.stdout.strip() or None,
-            "git_dirty": bool(dirty.stdout.strip()) if git.returncode == 0 else None}
+            "git_dirty": bool(dirty.stdout.strip()) if git.returncode == 0 else None,
+            # Variants from outside the package: each module's file and source hash.
+            "variant_modules": variants.loaded_modules()}
 
 
 def matmul_fp32_gflops(threads: int, n: int = 2048) -> float:

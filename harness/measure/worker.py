@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import importlib
-import importlib.util
 import json
 import os
 import signal
@@ -54,19 +52,13 @@ RESULT_PREFIX = "ATTNBENCH-RESULT "
 
 
 def import_extra(spec: str | None = None) -> None:
-    """Import the modules of ATTNBENCH_EXTRA_MODULES (or `spec`) once per process."""
+    """Import the variant modules of ATTNBENCH_EXTRA_MODULES (or `spec`) and the installed
+    packages' `attnbench.variants` entry points, once per process (variants.load_module:
+    a module that does not import, registers nothing or a taken name is a ModuleError)."""
     spec = os.environ.get(EXTRA_ENV, "") if spec is None else spec
     for item in filter(None, spec.split(os.pathsep)):
-        if item.endswith(".py"):
-            name = "_attnbench_extra_" + Path(item).stem
-            if name in sys.modules:
-                continue
-            mod_spec = importlib.util.spec_from_file_location(name, item)
-            module = importlib.util.module_from_spec(mod_spec)
-            sys.modules[name] = module
-            mod_spec.loader.exec_module(module)
-        else:
-            importlib.import_module(item)
+        variants.load_module(item)
+    variants.load_entry_points()
 
 
 def _result(status: str, reason: str = "", **fields) -> dict:

@@ -33,6 +33,7 @@ product, and the union (first occurrence of each configuration wins) is the run.
     mem_limit_mib = 0           # worker address-space cap above its baseline; 0: MemAvailable*0.9
     workers = 1                 # top level only: configurations trained at once (serial run)
 
+A top-level `modules = [...]` imports variant modules first, as in the benchmark matrix.
 `workers` and an `[executor]` table (harness.cluster.executors) say how to run it, not what
 is run: a sweep resumed with other values is the same sweep.
 """
@@ -325,6 +326,7 @@ def load(source: str, overrides: dict | None = None) -> tuple[dict, list[TrainCo
     """Read, check and expand a train preset or TOML file: (normalised matrix, configs)."""
     raw = read_toml(source)
     raw.pop("executor", None)  # how to run it (harness.cluster.executors), not what is run
+    raw.pop("modules", None)  # variant modules to import (harness.cli.modules), loaded before
     raw.pop("workers", None)  # how many at once (sweep_workers), likewise
     if _BENCHMARK_ONLY & set(raw):  # a preset of `run` handed to `train`: say so, in short
         raise UsageError(f"{source} is a benchmark matrix (for `run_bench.py run`); `train` "

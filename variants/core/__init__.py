@@ -7,7 +7,9 @@ attention in float64, in query chunks, that every error is measured against; `ch
 the families' kernels share; `decoder` the decoding half of the interface (prefill, step,
 their checks, what a step reads and writes); `decoding` the states a decoder keeps (a
 key-value cache written in place, a ring buffer; `CacheDecoder`, the extend of a variant
-that decodes from one). Imports: torch only; nothing from the families.
+that decodes from one); `modules` the variants from outside the package (a module of one's
+own, an entry point), with where each came from. Imports: torch only; nothing from the
+families.
 """
 
 from .checks import KeyMask, check_qkv, softmax_scale
@@ -16,12 +18,14 @@ from .inputs import InputSpec
 from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
 from .ops import (Workspace, compute_dtype, exp_, softmax_, softmax_logsumexp,
                   softmax_lse_)
+from .modules import ModuleError, load_entry_points, load_module, loaded_modules
 from .reference import dense_mask, exact_reference, naive_attention, softmax_weights
-from .registry import (ParamSpec, VariantSpec, build, make_params, names, register,
+from .registry import (ParamSpec, VariantSpec, build, make_params, names, origin, register,
                        spec)
 
 __all__ = ["CacheDecoder", "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
            "RingKV", "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build",
            "check_qkv", "compute_dtype", "dense_mask", "exact_reference", "exp_",
-           "make_params", "naive_attention", "names", "param", "register", "softmax_",
+           "load_entry_points", "load_module", "loaded_modules", "make_params", "ModuleError",
+           "naive_attention", "names", "origin", "param", "register", "softmax_",
            "softmax_logsumexp", "softmax_lse_", "softmax_scale", "softmax_weights", "spec"]

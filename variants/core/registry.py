@@ -1,13 +1,22 @@
-"""The registry: the one list of variants. `build`, `names`, `spec`, and `@register`."""
+"""The registry: the one list of variants. `build`, `names`, `spec`, `origin`, `@register`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import typing
 
 from .interface import Variant
 
 _REGISTRY: dict[str, type[Variant]] = {}
+# Where each variant was registered from (`origin`); `loading` sets it for a module that
+# modules.py imports (a file, a module named on the command line, an entry point).
+_ORIGIN: dict[str, str] = {}
+_LOADING: list[tuple[str, list[str]]] = []  # (origin, names registered meanwhile), innermost last
+
+
+class DuplicateName(ValueError):
+    """A variant name that is already registered."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +46,7 @@ class VariantSpec:
     inputs: tuple = ()  # InputSpecs of the inputs beyond q, k, v it takes
     err_ref: str = "softmax"  # its error's reference: exact softmax, or its own recurrence
     reference_ceiling: bool = False  # a bound for others (the top-k oracle), never an answer
+    origin: str = ""  # where it was registered from (`origin`)
 
     @property
     def defaults(self) -> dict:
@@ -49,12 +59,47 @@ def register(cls: type[Variant]) -> type[Variant]:
         if not isinstance(getattr(cls, attr, None), str):
             raise TypeError(f"{cls.__qualname__} must set a string class attribute {attr!r}")
     if cls.name in _REGISTRY:
-        raise ValueError(f"variant {cls.name!r} is already registered "
-                         f"by {_REGISTRY[cls.name].__module__}")
+        raise DuplicateName(f"variant {cls.name!r} is already registered "
+                            f"by {_REGISTRY[cls.name].__module__} ({_ORIGIN[cls.name]})")
     if not (dataclasses.is_dataclass(cls.Params) and cls.Params.__dataclass_params__.frozen):
         raise TypeError(f"{cls.__qualname__}.Params must be a frozen dataclass")
     _REGISTRY[cls.name] = cls
+    _ORIGIN[cls.name] = _LOADING[-1][0] if _LOADING else _default_origin(cls)
+    if _LOADING:
+        _LOADING[-1][1].append(cls.name)
     return cls
+
+
+def _default_origin(cls: type[Variant]) -> str:
+    """`variants/<family>` for the package's own variants, else `module <name>`."""
+    parts = cls.__module__.split(".")
+    if parts[0] == "variants" and len(parts) > 1:
+        return f"variants/{parts[1]}"
+    return f"module {cls.__module__}"
+
+
+@contextlib.contextmanager
+def loading(origin: str):
+    """Variants registered inside this block get `origin`; yields the list of their names.
+    If the block raises, they are unregistered again (a module that failed half-way)."""
+    names: list[str] = []
+    _LOADING.append((origin, names))
+    try:
+        yield names
+    except BaseException:
+        for n in names:
+            _REGISTRY.pop(n, None)
+            _ORIGIN.pop(n, None)
+        raise
+    finally:
+        _LOADING.pop()
+
+
+def origin(name: str) -> str:
+    """Where a registered variant comes from: `variants/<family>` (this package), `module
+    <path or name>` (a variant module), or `entry point <name> = <module> (<package>)`."""
+    _cls(name)
+    return _ORIGIN[name]
 
 
 def names(private: bool = False) -> list[str]:
@@ -91,7 +136,7 @@ def spec(name: str) -> VariantSpec:
     return VariantSpec(cls.name, cls.family, cls.exact, cls.paper, doc[0] if doc else "",
                        _param_specs(cls), cls.supports_causal, cls.supports_backward,
                        pattern_exact, cls.causal_only is not None, tuple(cls.inputs),
-                       cls.err_ref, cls.reference_ceiling)
+                       cls.err_ref, cls.reference_ceiling, _ORIGIN[name])
 
 
 def _check_value(variant: str, p: ParamSpec, value):
