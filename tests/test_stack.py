@@ -85,3 +85,13 @@ def test_a_train_matrix_takes_patterns_and_their_mixers_settings(tmp_path):
 def json_defaults(name):
     import dataclasses
     return dataclasses.asdict(variants.make_params(name))
+
+
+def test_variants_on_the_command_line_adds_a_stack_on_its_mixers_settings():
+    from harness.train import matrix
+    raw = {"variants": ["sdpa", "sliding_window"], "layers": 4,
+           "params": {"sliding_window": [{"window": 4}]}}
+    configs = matrix.expand(matrix.normalise(
+        raw, {"variants": ["gla*3+sliding_window"]}))
+    assert [c.variant for c in configs] == ["gla*3+sliding_window"]
+    assert configs[0].param_dict["sliding_window"]["window"] == 4

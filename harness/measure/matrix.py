@@ -250,13 +250,16 @@ def narrow_variants(groups: list[dict], narrow, errors: list[str]) -> None:
     """Keep only the variants named in `narrow` (--variants) in each expanded group; a name
     that is not registered, or not in the matrix, is an error, except a variant from
     outside the package (a variant module, an entry point): it joins every group with its
-    defaults, so that a preset's settings run on one's own variant."""
+    defaults, so that a preset's settings run on one's own variant; and a layer pattern,
+    which joins every group with each mixer on that group's settings of it."""
     wanted = [n.strip() for n in narrow if n.strip()]
     present = {n for g in groups for n in g["variants"]}
     for n in wanted:
         if stack.is_pattern(n):
-            if n not in present:
-                errors.append(f"layer pattern {n!r} is not in this matrix")
+            if n not in present:  # a stack joins every group, its mixers on its settings
+                for g in groups:
+                    g["variants"].update(_resolve_pattern(n, None, g.get("params", {}),
+                                                          "command line", errors))
         elif n not in variants.names(private=True):
             errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
         elif n not in present and variants.origin(n).startswith("variants/"):

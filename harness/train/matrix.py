@@ -238,11 +238,12 @@ narrow (keep only the named ones; a group left with no task is dropped).
                   **_check(g, where, errors, task_keys),
                   **_check(overrides, "command line", errors, task_keys)}
         merged["variants"] = resolve_variants(merged["variants"], merged["params"], where, errors)
-        merged.pop("params")
         merged["task_keys"] = sorted(task_keys)
         full.append(merged)
     if narrow is not None:
         narrow_variants(full, narrow, errors)
+    for g in full:  # kept until here: a pattern named by --variants takes its mixers' settings
+        g.pop("params")
     if narrow_tasks is not None:
         full = _narrow_tasks(full, narrow_tasks, errors)
     if not errors:
