@@ -149,9 +149,9 @@ class _Sweeper:
     def __init__(self, accuracies):
         self.accuracies, self.lrs = accuracies, []
 
-    def run(self, config, lr):
+    def run(self, config, lr, until=None):  # each run ends at its first budget
         self.lrs.append(lr)
-        return _ok(self.accuracies[len(self.lrs) - 1], 0.1), 2.0
+        return {**_ok(self.accuracies[len(self.lrs) - 1], 0.1), "stopped": "cap"}, 2.0
 
 
 def test_the_sweep_stops_at_the_first_rate_that_reaches_early_stop():

@@ -7,12 +7,17 @@ declared reasons (non-causal only, a length it cannot take, no CUDA here) make t
 harness.train.worker` process (harness.measure.runner.Worker), killed after the
 configuration's `timeout_s`; a worker that times out, dies (a crash, the kernel's OOM
 killer) or runs out of memory is replaced before the next run. With `workers` > 1, that
-many configurations train at once, each in its own worker process. The sweep stops at the
-first rate that reaches `early_stop`; the row reports the best held-out accuracy over the
-rates tried and the run of the rate that reached it (Zoology's report: the best over a
-sweep of learning rates), with what tells a fair sweep from an unfinished one: every rate
-of the sweep (`lrs`), whether the winning run was still rising at its budget and whether
-its rate is at an end of the sweep (`lr_at_edge`).
+many cells train at once, each in its own worker process.
+
+A cell is a configuration over its seeds (`seed = [0, 1]`: one row per seed). On its first
+seed the rates are raced (harness.train.race: successive halving, each rate's run
+continued in the worker, the race over at the first run that reaches `early_stop`); every
+later seed trains one run at the rate the race picked. A row reports the best held-out
+accuracy over the rates tried and the run of the rate that reached it (Zoology's report:
+the best over a sweep of learning rates), with what tells a fair sweep from an unfinished
+one: every rate of the sweep (`lrs`), whether the winning run had settled (`settled`,
+`steps_run`), was still rising at its end, and whether its rate is at an end of the sweep
+(`lr_at_edge`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from tqdm import tqdm
 import variants
 from harness.measure.runner import NO_CUDA, STATUSES, Worker
 from harness.measure.store import environment, now
-from harness.train import tasks, trainer
+from harness.train import race, tasks, trainer
 from harness.train.matrix import TrainConfig
 from harness.train.model import CONV_KERNEL
 from harness.train.store import TrainStore
@@ -46,7 +51,7 @@ STATE_DTYPE = torch.float32  # the trained model's dtype: state_bytes = state_si
 # a non-finite loss an outcome of training.
 _SEVERITY = ("error", "oom", "timeout", "nonfinite")
 _BEST_FIELDS = ("accuracy", "steps", "time_to_best_s", "steps_to_0_9", "step_ms",
-                "final_loss", "n_params", "rising")
+                "final_loss", "n_params", "rising", "settled", "steps_run")
 
 
 def lr_at_edge(lrs, best_lr: float, accuracy: float, early_stop: float) -> bool:
@@ -128,14 +133,24 @@ def skip_reasons(config: TrainConfig, module) -> list[str]:
 
 
 def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
-    """One row's outcome from the sweep's runs [(lr, result, wall seconds), ...]."""
+    """One row's outcome from a cell's runs at this seed [(lr, last result, wall seconds
+    of all its segments), ...] in the order first run: the best accuracy (of equals, the
+    run that went furthest, then the first)."""
     ok = [(lr, r) for lr, r, _ in runs if r["status"] == "ok"]
     notes = [f"lr={lr:g}: {r['status']}: {r['reason']}" for lr, r, _ in runs
              if r["status"] != "ok"]
-    untried = [f"{lr:g}" for lr in config.lrs[len(runs):]]
-    if untried:
-        notes.append(f"lr={', '.join(untried)} not run: lr={runs[-1][0]:g} reached "
+    ran = {lr for lr, _, _ in runs}
+    untried = [f"{lr:g}" for lr in config.lrs if lr not in ran]
+    if untried and ok and max(r["accuracy"] for _, r in ok) >= config.early_stop:
+        first = next(lr for lr, r in ok if r["accuracy"] >= config.early_stop)
+        notes.append(f"lr={', '.join(untried)} not run: lr={first:g} reached "
                      f"early_stop={config.early_stop:g}")
+    elif untried and config.first_seed:
+        notes.append(f"lr={', '.join(untried)} not run")
+    cut = [f"{lr:g} at step {r['steps_run']}" for lr, r in ok  # paused by the race
+           if "stopped" in r and r["stopped"] is None and r is not max(ok, key=_rank)[1]]
+    if cut:
+        notes.append(f"raced: lr={', '.join(cut)} cut")
     out = {"train_s": sum(w for _, _, w in runs),
            "lr_accuracy": json.dumps({f"{lr:g}": round(r["accuracy"], 5) if r["status"] == "ok"
                                       else r["status"] for lr, r, _ in runs})}
@@ -143,24 +158,35 @@ def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
         statuses = [r["status"] for _, r, _ in runs]
         status = min(statuses, key=lambda s: _SEVERITY.index(s) if s in _SEVERITY else -1)
         return {**out, "status": status, "reason": "; ".join(notes)}
-    lr, best = max(ok, key=lambda x: x[1]["accuracy"])  # the first of equals
+    lr, best = max(ok, key=_rank)
     return {**out, "status": "ok", "reason": "; ".join(notes), "best_lr": lr,
             **{k: best.get(k) for k in _BEST_FIELDS},
             "lr_at_edge": lr_at_edge(config.lrs, lr, best["accuracy"], config.early_stop)}
 
 
+def _rank(pair: tuple[float, dict]) -> tuple:
+    """Best accuracy first; of equal accuracies the run that went furthest; max() keeps
+    the first of full ties."""
+    return pair[1]["accuracy"], pair[1].get("steps_run") or 0
+
+
 class Sweeper:
-    """The worker process a sweep's runs go to, replaced when it dies or is killed."""
+    """The worker process a cell's runs go to, replaced when it dies or is killed."""
 
     def __init__(self, log_path: Path):
         self.log_path, self.worker = log_path, None
 
-    def run(self, config: TrainConfig, lr: float) -> tuple[dict, float]:
+    def run(self, config: TrainConfig, lr: float, until: int | None = None
+            ) -> tuple[dict, float]:
+        """The run of (config, lr) advanced to step `until` (its end without it)."""
         if self.worker is None or not self.worker.alive():
             self.worker = Worker("train", self.log_path, config.threads, module=WORKER)
         start = time.monotonic()
-        got = self.worker.call({"config": config.to_json(), "lr": lr},
-                               f"train {config.config_id} {config.label()} lr={lr:g}",
+        request = {"config": config.to_json(), "lr": lr}
+        if until is not None:
+            request["until"] = until
+        got = self.worker.call(request, f"train {config.config_id} {config.label()} lr={lr:g}"
+                               f"{f' to step {until}' if until is not None else ''}",
                                config.timeout_s, config.timeout_s)
         if got["status"] == "oom" or not self.worker.alive():  # a fresh heap next time
             self.close()
@@ -172,34 +198,85 @@ class Sweeper:
             self.worker = None
 
 
-def train_config(config: TrainConfig, sweeper: Sweeper, bar=None) -> dict:
-    """One configuration's row: declared skips, else the sweep over its learning rates."""
-    module = variants.build(config.variant, **config.param_dict)
-    row = config_row(config, module)
-    reasons = skip_reasons(config, module)
-    if reasons:
-        return {**row, "status": "skipped", "reason": "; ".join(reasons)}
-    runs = []
-    for lr in config.lrs:
+def race_rates(config: TrainConfig, sweeper: Sweeper, bar=None) -> list[tuple]:
+    """The race of the configuration's rates: [(lr, last result, wall seconds)]."""
+    wall: dict[float, float] = {}
+
+    def advance(lr: float, until: int) -> dict:
         if bar is not None:
-            bar.set_postfix_str(f"{config.label()} lr={lr:g}", refresh=True)
+            bar.set_postfix_str(f"{config.label()} seed={config.seed} lr={lr:g} "
+                                f"to {until}", refresh=True)
+        got, seconds = sweeper.run(config, lr, until)
+        wall[lr] = wall.get(lr, 0.0) + seconds
+        return got
+
+    done = race.race(config.lrs, advance, first=config.first_budget, cap=config.max_steps,
+                     early_stop=config.early_stop, margin=config.settle_margin)
+    return [(lr, r, wall[lr]) for lr, r in done]
+
+
+def cells(configs: list[TrainConfig]) -> list[list[TrainConfig]]:
+    """The configurations grouped by cell, in the matrix's order, first seed first."""
+    out: dict[str, list[TrainConfig]] = {}
+    for c in configs:
+        out.setdefault(c.cell_id, []).append(c)
+    return [sorted(g, key=lambda c: c.seeds.index(c.seed)) for g in out.values()]
+
+
+def train_cell(cell: list[TrainConfig], sweeper: Sweeper, done: dict[str, dict | None],
+               bar=None):
+    """Rows of a cell's configurations not in `done` (config_id -> its row, None when the
+    row is done but not at hand), yielded as each finishes: declared skips, else the race
+    on the first seed and one run per later seed at the rate it picked."""
+    first = cell[0]
+    module = variants.build(first.variant, **first.param_dict)
+    reasons = skip_reasons(first, module)
+    chosen = None
+    for config in cell:
+        if config.config_id in done and not config.first_seed:
+            continue
+        row = config_row(config, module)
+        if reasons:
+            if config.config_id not in done:
+                yield {**row, "status": "skipped", "reason": "; ".join(reasons)}
+            continue
+        if config.first_seed:
+            got = done.get(first.config_id)
+            if got is None:  # not done, or done elsewhere: the race (deterministic) again
+                got = {**row, **combine(config, race_rates(config, sweeper, bar))}
+                if config.config_id not in done:
+                    yield got
+            chosen = got
+            continue
+        if chosen.get("status") != "ok":
+            yield {**row, "status": chosen["status"],
+                   "reason": f"seed {first.seed} trained no rate: {chosen.get('reason', '')}"}
+            continue
+        lr = float(chosen["best_lr"])
+        if bar is not None:
+            bar.set_postfix_str(f"{config.label()} seed={config.seed} lr={lr:g}",
+                                refresh=True)
         got, wall = sweeper.run(config, lr)
-        runs.append((lr, got, wall))
-        if got["status"] == "ok" and got["accuracy"] >= config.early_stop:
-            break
-    return {**row, **combine(config, runs)}
+        yield {**row, **combine(config, [(lr, got, wall)])}
+
+
+def train_config(config: TrainConfig, sweeper: Sweeper, bar=None) -> dict:
+    """The row of one configuration trained alone (its cell's first seed)."""
+    return next(train_cell([config], sweeper, {}, bar))
 
 
 def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_path: Path,
           bar=None, workers: int = 1) -> Counter:
     """Append one row per configuration not in `done`; counts rows by status.
 
-    `workers` configurations train at once, each in a worker process of its own (two
-    one-thread workers use both cores of a 2-core machine); rows are appended as they
-    finish, in the matrix's order when workers = 1. Shared by the serial run (below) and
-    each shard of a sharded one (harness.cluster).
+    `workers` cells train at once, each in a worker process of its own (two one-thread
+    workers use both cores of a 2-core machine); rows are appended as they finish, in the
+    matrix's order when workers = 1. Shared by the serial run (below) and each shard of a
+    sharded one (harness.cluster).
     """
-    todo = [c for c in configs if c.config_id not in done]
+    todo = [g for g in cells(configs) if any(c.config_id not in done for c in g)]
+    rows = {r["config_id"]: r for r in store.rows()} if todo else {}
+    known = {i: rows.get(i) for i in done}
     store.open()
     counts, lock = Counter(), threading.Lock()
     idle = queue.SimpleQueue()
@@ -207,22 +284,22 @@ def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_pat
     for s in sweepers:
         idle.put(s)
 
-    def one(config: TrainConfig) -> None:
+    def one(cell: list[TrainConfig]) -> None:
         sweeper = idle.get()
         try:
-            row = train_config(config, sweeper, bar)
+            for row in train_cell(cell, sweeper, known, bar):
+                with lock:
+                    store.append(row)
+                    counts[row["status"]] += 1
+                    if bar is not None:
+                        bar.update(1)
         finally:
             idle.put(sweeper)
-        with lock:
-            store.append(row)
-            counts[row["status"]] += 1
-            if bar is not None:
-                bar.update(1)
 
     try:
         if len(sweepers) == 1:
-            for config in todo:
-                one(config)
+            for cell in todo:
+                one(cell)
         else:
             with ThreadPoolExecutor(len(sweepers)) as pool:
                 for _ in pool.map(one, todo):  # re-raises a failure of the harness itself
