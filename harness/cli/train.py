@@ -18,7 +18,6 @@ from harness.cli.run import _parse, _rerun, _run_id
 from harness.cluster import executors
 from harness.errors import UsageError
 from harness.measure.matrix import read_toml
-from harness.measure.store import matmul_fp32_gflops
 from harness.measure.worker import import_extra
 from harness.train import estimate
 from harness.train import matrix as tm
@@ -40,8 +39,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="folder name under --results-dir (default: a UTC timestamp); a sweep "
                         "of the same matrix there is resumed; the folder may hold a `run`")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the plan (configurations, declared skips, an upper-bound time) "
-                        "and train nothing")
+                   help="print the plan (configurations, declared skips, a time estimate from "
+                        "step costs probed here) and train nothing")
     p.add_argument("--variants", help="comma-separated variant names to keep")
     p.add_argument("--task", help="comma-separated task names to keep (harness.train.tasks: "
                                   "mqar, selective_copying, noisy_recall, fuzzy_recall, ...)")
@@ -62,31 +61,36 @@ def overrides_from(args) -> dict:
     return out
 
 
+def estimate_seconds(configs: list[tm.TrainConfig]) -> list[tuple]:
+    """(config, predicted seconds, declared skips) at step costs probed here now."""
+    return estimate.plan_seconds(configs, lambda c, m: estimate.probe(c), runner.skip_reasons)
+
+
 def plan(configs: list[tm.TrainConfig], n_shards: int = 1, workers: int = 1) -> int:
-    """Print the configurations, their declared skips and an upper-bound time estimate."""
-    rate = matmul_fp32_gflops(configs[0].threads) * 1e9
+    """Print the configurations, their declared skips and the time estimate."""
     reasons, costs = Counter(), []
-    for c, t, why in estimate.plan_seconds(configs, rate, runner.skip_reasons):
+    for c, t, why in estimate_seconds(configs):
         if why:
             reasons[f"{c.variant}: {'; '.join(why)}"] += 1
         costs.append((c, t))
     skipped = sum(reasons.values())
     total = sum(t for _, t in costs)
-    runs = sum(len(c.lrs) for c, t in costs if t)
-    print(f"{len(configs)} configurations; {skipped} skipped as declared unsupported; "
-          f"{len(configs) - skipped} to train ({runs} training runs over the learning rates), "
-          f"upper-bound estimate {total / 60:.1f} min of work"
+    cells = len({c.cell_id for c in configs})
+    print(f"{len(configs)} configurations ({cells} cells x seeds); {skipped} skipped as "
+          f"declared unsupported; {len(configs) - skipped} to train; estimate "
+          f"{total / 60:.1f} min of work"
           f"{f' (about {total / 60 / workers:.1f} min on {workers} workers)' if workers > 1 else ''}"
-          f": every rate to max_steps, where early stopping ends most runs sooner (fp32 "
-          f"matmul {rate / 1e9:.0f} GFLOP/s measured here"
-          f"{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''})")
+          f" if no run stops early (every rung of the race, every later seed to max_steps; "
+          f"early_stop and settled runs end sooner), at step costs probed here "
+          f"({estimate.PROBE_STEPS} steps per model)"
+          f"{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''}")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
     if n_shards > 1:
         from harness.cluster import shards
 
         cost = {c.config_id: t for c, t in costs}
-        for i, part in enumerate(shards.split(costs, n_shards, unit=lambda c: c.config_id)):
+        for i, part in enumerate(shards.split(costs, n_shards, unit=lambda c: c.cell_id)):
             print(f"  shard {i}: {len(part)} configurations, estimate "
                   f"{sum(cost[c.config_id] for c in part) / 60:.1f} min")
     return 0
@@ -129,7 +133,10 @@ def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | Non
 
         trained.merge_before_serial(store, configs)
     earlier = len(store.done_ids()) if resume else 0
-    counts = runner.run(matrix, configs, store, resume=resume, workers=workers)
+    todo = [c for c in configs if c.config_id not in store.done_ids()] if resume else configs
+    predicted = sum(t for _, t, _ in estimate_seconds(todo))
+    counts = runner.run(matrix, configs, store, resume=resume, workers=workers,
+                        estimate_s=predicted / workers)
     print(runner.summary_line(len(configs), counts, earlier, store.folder))
     return store.folder
 

@@ -54,7 +54,7 @@ def keep(lrs: list[float], results: dict[float, dict], margin: float) -> list[fl
     n = math.ceil(len(lrs) / ETA)
     line = sorted(acc.values(), reverse=True)[n - 1]
     sure = [lr for lr in lrs if acc[lr] > line + margin]
-    tied = sorted((lr for lr in lrs if abs(acc[lr] - line) <= margin),
+    tied = sorted((lr for lr in lrs if lr not in sure and acc[lr] >= line - margin),
                   key=lambda lr: (_loss(results[lr]), -acc[lr]))
     kept = set(sure) | set(tied[:n - len(sure)])
     return [lr for lr in lrs if lr in kept]

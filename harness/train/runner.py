@@ -312,9 +312,10 @@ def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_pat
 
 
 def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: bool,
-        workers: int = 1) -> Counter:
+        workers: int = 1, estimate_s: float | None = None) -> Counter:
     """Train every configuration not yet in the store (`workers` at once); returns the rows
-    written by status."""
+    written by status. `estimate_s` (the plan's, harness.train.estimate) is recorded in
+    the session beside its wall time."""
     done = store.done_ids() if resume else set()
     meta = store.read_meta() if resume else {}
     threads = configs[0].threads if configs else 1
@@ -328,7 +329,10 @@ def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: 
     meta.setdefault("sessions", []).append({"started": now(), "ended": None})
     meta.update({"matrix": matrix, "configs": len(configs), "ended": None})
     meta["sessions"][-1]["workers"] = workers
+    if estimate_s is not None:
+        meta["sessions"][-1]["estimate_s"] = round(estimate_s, 1)
     store.write_meta(meta)
+    began = time.monotonic()
     bar = tqdm(total=len(configs), initial=sum(c.config_id in done for c in configs),
                unit="config", file=sys.stderr, dynamic_ncols=True)
     try:
@@ -336,6 +340,7 @@ def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: 
     finally:
         bar.close()
         meta["sessions"][-1]["ended"] = meta["ended"] = now()
+        meta["sessions"][-1]["wall_s"] = round(time.monotonic() - began, 1)
         meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         store.write_meta(meta)
 
