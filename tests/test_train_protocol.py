@@ -259,25 +259,28 @@ def test_the_plan_counts_the_race_and_the_later_seeds():
     assert estimate.planned_steps(later) == 800
     one = _config(lrs=(1e-3,), max_steps=400)
     assert estimate.planned_steps(one) == 400
+    eight = _config(lrs=tuple(range(1, 9)), max_steps=800, race_steps=100)
+    assert estimate.planned_steps(eight) == 8 * 100 + 4 * 100 + 2 * 200 + (800 - 400)
 
 
 def test_the_probe_times_the_configurations_own_step(monkeypatch):
-    """A model made 40 ms slower a step: the probe sees it, and the estimate is steps x
-    that (plus evaluations and the worker's start)."""
+    """A model made 40 ms slower a step, and 300 ms slower in its warm-up steps: the probe
+    sees the 40, and the estimate is steps x that (plus evaluations and the worker's
+    start)."""
     forward = RecallModel.forward
     calls = []
 
     def slow(self, *a, **k):
         calls.append(self.training)
         if self.training:
-            time.sleep(0.04)
+            time.sleep(0.3 if len(calls) <= estimate.PROBE_WARMUP else 0.04)
         return forward(self, *a, **k)
 
     monkeypatch.setattr(RecallModel, "forward", slow)
     estimate._PROBED.clear()
     cfg = _config(lrs=(1e-3, 3e-3), max_steps=200, race_steps=50)
     step = estimate.probe(cfg)
-    assert 0.04 <= step < 1.0
+    assert 0.04 <= step < 0.25
     assert calls.count(True) == estimate.PROBE_WARMUP + estimate.PROBE_STEPS
     assert not any(c is False for c in calls)  # no held-out evaluation in the probe
     (c, seconds, why), = estimate.plan_seconds([cfg], lambda c, m: estimate.probe(c),

@@ -54,6 +54,11 @@ def _all(values):
     return True if known and len(known) == len(values) else None
 
 
+def known_false(v) -> bool:
+    """True for a flag that is False (numpy's too); None and empty are unknown."""
+    return v is not None and not pd.isna(v) and not bool(v)
+
+
 def _any(values):
     known = [v for v in values if v is not None and not pd.isna(v)]
     return None if not known else any(bool(v) for v in known)
@@ -77,17 +82,22 @@ def cells(tr: pd.DataFrame) -> pd.DataFrame:
                      "acc_max": float(acc.max()), "seeds": len(g),
                      "settled": _all(list(g["settled"])), "rising": _any(list(g["rising"])),
                      "lr_at_edge": _any(list(g["lr_at_edge"])),
-                     "seed_sensitive": len(g) > 1 and acc.max() - acc.min() > SEED_SPREAD,
+                     "seed_sensitive": len(g) > 1  # beyond float rounding of the difference
+                     and acc.max() - acc.min() > SEED_SPREAD + 1e-9,
                      "step_ms": float(g["step_ms"].median())})
     order = {k: i for i, k in enumerate(ok["config_id"])}
-    return pd.DataFrame(rows).sort_values("config_id", key=lambda c: c.map(order),
-                                          kind="stable").reset_index(drop=True)
+    out = pd.DataFrame(rows).sort_values("config_id", key=lambda c: c.map(order),
+                                         kind="stable").reset_index(drop=True)
+    for col in ("settled", "rising", "lr_at_edge", "seed_sensitive"):  # True, False, None
+        out[col] = pd.Series([None if v is None else bool(v) for v in out[col]],
+                             dtype=object)
+    return out
 
 
 def answerable(cell_rows: pd.DataFrame) -> pd.DataFrame:
     """The cells an answer or an ordering may use: all but those known not to have
     settled (a file from before `settled` existed keeps every cell)."""
-    return cell_rows[cell_rows["settled"].map(lambda v: v is not False)]
+    return cell_rows[[not known_false(v) for v in cell_rows["settled"]]]
 
 
 def range_text(row) -> str:
@@ -173,7 +183,7 @@ def _frontier_rows(tr: pd.DataFrame) -> pd.DataFrame:
 def unsettled_note(tr: pd.DataFrame) -> list[tuple]:
     """How many trained cells (and rows) had not settled, when any."""
     c = cells(tr)
-    bad = c[c["settled"].map(lambda v: v is False)]
+    bad = c[[known_false(v) for v in c["settled"]]]
     if bad.empty:
         return []
     ok = tr[tr["status"] == "ok"]
@@ -251,7 +261,8 @@ def frontier_blocks(tr: pd.DataFrame, pdir: Path) -> list[tuple]:
     for s in _task_settings(df):
         g = df[df["task_setting"] == s].assign(
             line=lambda d: d["variant"], hollow=lambda d: [
-                v is False or (v is None and r is True)
+                known_false(v) or ((v is None or pd.isna(v)) and r is not None
+                                   and not pd.isna(r) and bool(r))
                 for v, r in zip(d["settled"], d["rising"])])
         blocks += [("img", plots.frontier_plot(g, s, pdir / f"trained_frontier_{_slug(s)}.png",
                                                RECALL), f"accuracy against state: {s}"),

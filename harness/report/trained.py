@@ -61,7 +61,7 @@ def read_train(path: Path) -> pd.DataFrame:
     for col in TRAIN_LATER_COLUMNS:
         if col not in df.columns:
             df[col] = df["state_size"] * 4 if col == "state_bytes" and "state_size" in df \
-                else None
+                else float("nan") if col in _NUMERIC else None
     missing = [c for c in TRAIN_COLUMNS if c not in df.columns]
     if missing:
         raise UsageError(f"{path} lacks column(s): {', '.join(missing)}")
