@@ -14,10 +14,13 @@ from pathlib import Path
 
 import torch
 
+import variants
 from harness.cli.run import _parse, _rerun, _run_id
 from harness.cluster import executors
 from harness.errors import UsageError
 from harness.measure.matrix import read_toml
+from harness.measure.runner import NO_CUDA
+from harness.measure.store import matmul_fp32_gflops
 from harness.measure.worker import import_extra
 from harness.train import estimate
 from harness.train import matrix as tm
@@ -61,15 +64,37 @@ def overrides_from(args) -> dict:
     return out
 
 
-def estimate_seconds(configs: list[tm.TrainConfig]) -> list[tuple]:
-    """(config, predicted seconds, declared skips) at step costs probed here now."""
-    return estimate.plan_seconds(configs, lambda c, m: estimate.probe(c), runner.skip_reasons)
+def estimate_seconds(configs: list[tm.TrainConfig], log_path: Path | None = None,
+                     workers: int = 1) -> list[tuple]:
+    """(config, predicted seconds, declared skips) at step costs probed here now, in
+    training workers (`workers` at once; their log at log_path, else a temporary file); a
+    probe that failed falls back to the FLOP model at the matmul rate measured here."""
+    import tempfile
+
+    trainable = []
+    for c in configs:
+        module = variants.build(c.variant, **c.param_dict)
+        if not [r for r in runner.skip_reasons(c, module) if r != NO_CUDA]:
+            trainable.append(c)
+    with tempfile.TemporaryDirectory() as tmp:
+        probed = estimate.probe_all(trainable, log_path or Path(tmp) / "probe.log", workers)
+    rate = []
+
+    def step(c, module):
+        got = probed.get(estimate.probe_key(c))
+        if got is not None:
+            return got
+        if not rate:
+            rate.append(matmul_fp32_gflops(c.threads) * 1e9)
+        return estimate.flop_step_seconds(c, module, rate[0])
+
+    return estimate.plan_seconds(configs, step, runner.skip_reasons)
 
 
 def plan(configs: list[tm.TrainConfig], n_shards: int = 1, workers: int = 1) -> int:
     """Print the configurations, their declared skips and the time estimate."""
     reasons, costs = Counter(), []
-    for c, t, why in estimate_seconds(configs):
+    for c, t, why in estimate_seconds(configs, workers=workers):
         if why:
             reasons[f"{c.variant}: {'; '.join(why)}"] += 1
         costs.append((c, t))
@@ -134,7 +159,9 @@ def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | Non
         trained.merge_before_serial(store, configs)
     earlier = len(store.done_ids()) if resume else 0
     todo = [c for c in configs if c.config_id not in store.done_ids()] if resume else configs
-    predicted = sum(t for _, t, _ in estimate_seconds(todo))
+    store.folder.mkdir(parents=True, exist_ok=True)
+    predicted = sum(t for _, t, _ in estimate_seconds(
+        todo, store.folder / "train_worker.log", workers))
     counts = runner.run(matrix, configs, store, resume=resume, workers=workers,
                         estimate_s=predicted / workers)
     print(runner.summary_line(len(configs), counts, earlier, store.folder))

@@ -5,9 +5,11 @@ Steps x the cost of a step. Steps: what the protocol runs when no run stops earl
 race's rungs on the first seed, harness.train.race, each later seed one run to max_steps),
 so configurations that reach early_stop or settle take less. A step's cost is measured at
 plan time (`probe`): PROBE_WARMUP then PROBE_STEPS training steps of the configuration's
-own model, batch and threads, their median: the recurrences' chunk machinery and the
-routed variants' gathers cost what they cost here, not what their FLOPs say (a FLOP model
-under-predicted their steps 1.2-2.5x). Each held-out evaluation costs a forward over the
+own model, batch and threads, their median, in a training worker process (`probe_all`: a
+variant that crashes or hangs costs its probe, not the plan; its step then falls back to
+the FLOP model): the recurrences' chunk machinery and the routed variants' gathers cost
+what they cost here, not what their FLOPs say (a FLOP model under-predicted their steps
+1.2-2.5x). Each held-out evaluation costs a forward over the
 held-out set, a third of a step per batch; each configuration WORKER_S to start its
 process and data. Declared skips cost nothing.
 
@@ -18,7 +20,10 @@ rate, plus STEP_OVERHEAD_S): shards balance on it, where no probe is run.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import statistics
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -32,6 +37,7 @@ EFFICIENCY = 0.25  # the share of the matmul rate a tiny model's step reaches (m
 STEP_OVERHEAD_S = 0.002
 WORKER_S = 3.0  # start a worker process, import torch, generate the data
 PROBE_WARMUP, PROBE_STEPS = 2, 3
+PROBE_TIMEOUT_S = 60.0  # at most, per probe (or the configuration's timeout_s)
 EVAL_STEP_SHARE = 1 / 3  # a forward of one batch against a training step (forward, backward)
 
 
@@ -88,9 +94,7 @@ def probe(config: TrainConfig) -> float:
     (seeds and budgets share it)."""
     from harness.train.trainer import Run
 
-    key = (config.task, config.task_params, config.variant, config.params, config.seq_len,
-           config.vocab_size, config.causal, config.d_model, config.layers, config.heads,
-           config.mlp, config.batch, config.device, config.threads)
+    key = probe_key(config)
     if key not in _PROBED:
         n = PROBE_WARMUP + PROBE_STEPS + 1  # the last step (an evaluation) is not run
         small = dataclasses.replace(config, train_examples=n * config.batch,
@@ -104,6 +108,51 @@ def probe(config: TrainConfig) -> float:
             torch.set_num_threads(threads)
         _PROBED[key] = statistics.median(run.step_s[PROBE_WARMUP:])
     return _PROBED[key]
+
+
+def probe_key(config: TrainConfig) -> tuple:
+    """What a step's cost depends on: the model, its batch, device and threads."""
+    return (config.task, config.task_params, config.variant, config.params, config.seq_len,
+            config.vocab_size, config.causal, config.d_model, config.layers, config.heads,
+            config.mlp, config.batch, config.device, config.threads)
+
+
+def probe_all(configs: list[TrainConfig], log_path: Path, workers: int = 1
+              ) -> dict[tuple, float | None]:
+    """probe_key -> a step's seconds (None where the probe failed: the variant raised,
+    crashed its process or hung past PROBE_TIMEOUT_S), each probe a request to a training
+    worker process (harness.train.worker), `workers` of them at once."""
+    from harness.measure.runner import Worker
+
+    todo = list({probe_key(c): c for c in configs if c.device != "cuda"}.values())
+    out: dict[tuple, float | None] = {}
+    idle: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(max(1, min(workers, len(todo)))):
+        idle.put(None)
+
+    def one(c: TrainConfig) -> None:
+        w = idle.get()
+        try:
+            if w is None or not w.alive():
+                w = Worker("probe", log_path, c.threads, module="harness.train.worker")
+            limit = min(PROBE_TIMEOUT_S, c.timeout_s)
+            got = w.call({"probe": c.to_json()}, f"probe {c.label()}", limit, limit)
+            out[probe_key(c)] = got.get("step_s") if got["status"] == "ok" else None
+            if not w.alive():
+                w.close()
+                w = None
+        finally:
+            idle.put(w)
+
+    try:
+        with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:
+            list(pool.map(one, todo))
+    finally:
+        while not idle.empty():
+            w = idle.get()
+            if w is not None:
+                w.close()
+    return out
 
 
 def plan_seconds(configs: list[TrainConfig], step_seconds: Callable,

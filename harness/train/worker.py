@@ -7,7 +7,9 @@ end without it) and answers with the run's result so far. The worker holds the r
 configuration it was last asked about, paused, so that the race (harness.train.race)
 continues a rate's run instead of starting it again; a run it does not hold (a fresh
 worker after one died) is started from step 0 and trained to `until`, which gives the
-same numbers (the run is deterministic on the same threads). The worker caps its address
+same numbers (the run is deterministic on the same threads). A request {"probe": config}
+times a few steps of the configuration's model instead (the plan's estimate). The worker
+caps its address
 space during the run (harness.measure.memory), so a runaway allocation is an `oom` result,
 not a swapped machine; anything else a run raises is an `error` result with its message.
 The runner (harness.train.runner) kills the worker after the run's time limit and records a
@@ -64,9 +66,25 @@ def run_request(config: TrainConfig, lr: float, until: int | None = None) -> dic
         return {**common, "status": "error", "reason": describe(e)}
 
 
+def probe_request(config: TrainConfig) -> dict:
+    """A step's cost probed (harness.train.estimate.probe): {"status", "step_s"}."""
+    from harness.train import estimate
+
+    try:
+        return {"status": "ok", "reason": "", "step_s": estimate.probe(config)}
+    except Exception as e:  # the plan goes on: this step falls back to the FLOP model
+        return {"status": "error", "reason": describe(e)}
+
+
+def _handle(request: dict) -> dict:
+    if "probe" in request:
+        return probe_request(TrainConfig.from_json(request["probe"]))
+    return run_request(TrainConfig.from_json(request["config"]), float(request["lr"]),
+                       request.get("until"))
+
+
 def main() -> None:
-    serve(lambda request: run_request(TrainConfig.from_json(request["config"]),
-                                      float(request["lr"]), request.get("until")))
+    serve(_handle)
 
 
 if __name__ == "__main__":
