@@ -34,8 +34,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default=None,
                      help="train-quick (default: about 5 minutes on 2 cores), train-cpu (the "
-                          "recall frontier on two MQAR settings, under an hour), mad-cpu "
-                          "(MQAR and MAD's tasks), train-gpu (Zoology's Figure 2 grid)")
+                          "recall frontier on two MQAR settings, two seeds, raced rates; "
+                          "planned within 90 minutes), mad-cpu (MQAR and MAD's tasks), "
+                          "train-gpu (Zoology's Figure 2 grid)")
     src.add_argument("--config", default=None, help="a training matrix .toml of your own")
     p.add_argument("--results-dir", default="results", type=Path)
     p.add_argument("--run-id", default=None,
@@ -101,7 +102,8 @@ def plan(configs: list[tm.TrainConfig], n_shards: int = 1, workers: int = 1) -> 
     skipped = sum(reasons.values())
     total = sum(t for _, t in costs)
     cells = len({c.cell_id for c in configs})
-    print(f"{len(configs)} configurations ({cells} cells x seeds); {skipped} skipped as "
+    over = f" ({cells} cells over their seeds)" if cells < len(configs) else ""
+    print(f"{len(configs)} configurations{over}; {skipped} skipped as "
           f"declared unsupported; {len(configs) - skipped} to train; estimate "
           f"{total / 60:.1f} min of work"
           f"{f' (about {total / 60 / workers:.1f} min on {workers} workers)' if workers > 1 else ''}"
