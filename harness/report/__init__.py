@@ -8,6 +8,8 @@ report.md, report.html and plots/; compares two runs. It never measures.
     implementations.py library kernels beside ours
     model.py           the "Model drift" section (model.csv)
     trained.py         the "Quality when trained" section and its Answers line (train.csv)
+    frontier.py        trained quality against state: the frontier, the MAD-style mean
+    cells.py           a trained configuration over its seeds: median, range, marks
     provenance.py      where a sharded run's cases ran (meta.json's shard records)
     rounds.py          cases whose timing rounds disagree, other work seen on the cores
     plots.py           the PNG plots
