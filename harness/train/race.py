@@ -5,9 +5,10 @@ so that a configuration costs about one long run, not one per rate.
 Every rate runs a first budget of steps; the better half (by held-out accuracy so far,
 best over the run's evaluations) goes on to twice the budget, and so on; the last rate
 left runs to its end (early_stop, settled, or max_steps). Rates tied at the cut (within
-`margin`, the settling rule's, of the last one kept) are ranked by their training loss:
-on MQAR's plateau every rate sits at the same held-out accuracy while the loss already
-tells the run about to rise, and a coin flip (or the order of the sweep) would not. A run that reaches `early_stop` ends the race (as the sweep stopped at the first
+`margin`, the settling rule's, of the last one kept) are ranked by their held-out loss
+(their training loss where a result has none): on MQAR's plateau every rate sits at the
+same held-out accuracy while the loss already tells the run about to rise, and a coin
+flip (or the order of the sweep) would not. A run that reaches `early_stop` ends the race (as the sweep stopped at the first
 rate that did). A run that stops on its own (settled, nonfinite) keeps its place with
 what it reached. Runs are continued, not restarted: `advance(lr, until)` trains a rate's
 run to step `until` and returns its result so far (harness.train.trainer.Run.result, or
@@ -49,7 +50,8 @@ def race(lrs, advance: Callable[[float, int], dict], *, first: int, cap: int,
 def keep(lrs: list[float], results: dict[float, dict], margin: float) -> list[float]:
     """The ceil(n / ETA) rates that go on, in their original order: those more than
     `margin` above the accuracy of the last place kept, then, of the rates within
-    `margin` of it, those with the lowest training loss (`final_loss`)."""
+    `margin` of it, those with the lowest held-out loss (the last of `held_out_loss`;
+    `final_loss`, the training loss, where there is none)."""
     acc = {lr: results[lr]["accuracy"] for lr in lrs}
     n = math.ceil(len(lrs) / ETA)
     line = sorted(acc.values(), reverse=True)[n - 1]
@@ -61,7 +63,8 @@ def keep(lrs: list[float], results: dict[float, dict], margin: float) -> list[fl
 
 
 def _loss(result: dict) -> float:
-    loss = result.get("final_loss")
+    held = result.get("held_out_loss")
+    loss = held[-1][1] if held else result.get("final_loss")
     return math.inf if loss is None or not math.isfinite(loss) else loss
 
 

@@ -4,8 +4,9 @@ AdamW (weight decay as configured, applied to every parameter as Zoology does), 
 warm-up over `warmup` x max_steps steps then cosine decay to 0 at max_steps, batches drawn
 in shuffled epochs of a fixed training set, the held-out set scored every `eval_every` steps
 and at the end. A run stops once held-out accuracy reaches `early_stop`, or once it has
-settled (`settled`: no gain above `settle_margin` over its last `settle_window` steps, in
-a run at least twice that long), or at max_steps, the cap. A run can be paused and
+settled (`settled`: no gain above `settle_margin` in held-out accuracy, nor a relative fall
+above it in held-out loss, over its last `settle_window` steps, in a run at least twice
+that long), or at max_steps, the cap. A run can be paused and
 resumed (`Run.advance`, the race of learning rates: harness.train.race): its numbers are
 those of one uninterrupted run. Accuracy is the share of scored positions
 (labels != -100) whose arg-max prediction is the label. Everything random comes from the
@@ -66,19 +67,29 @@ def schedule(step: int, max_steps: int, warmup: float) -> float:
 
 
 @torch.no_grad()
-def accuracy(model: RecallModel, inputs: torch.Tensor, labels: torch.Tensor,
-             device: torch.device) -> float:
-    """Share of the scored positions predicted right (arg-max over the vocabulary)."""
+def evaluate(model: RecallModel, inputs: torch.Tensor, labels: torch.Tensor,
+             device: torch.device) -> tuple[float, float]:
+    """(accuracy, loss) on a held-out set: the share of the scored positions predicted
+    right (arg-max over the vocabulary), and the mean cross-entropy there."""
     was = model.training
     model.eval()
     right = total = 0
+    nll = 0.0
     for s in range(0, len(inputs), EVAL_BATCH):
         x, y = inputs[s:s + EVAL_BATCH].to(device), labels[s:s + EVAL_BATCH].to(device)
         where = y != tasks.IGNORE
-        right += int((model(x, where).argmax(-1) == y[where]).sum())
+        logits = model(x, where)
+        right += int((logits.argmax(-1) == y[where]).sum())
+        nll += float(F.cross_entropy(logits, y[where], reduction="sum"))
         total += int(where.sum())
     model.train(was)
-    return right / max(total, 1)
+    return right / max(total, 1), nll / max(total, 1)
+
+
+def accuracy(model: RecallModel, inputs: torch.Tensor, labels: torch.Tensor,
+             device: torch.device) -> float:
+    """Share of the scored positions predicted right (arg-max over the vocabulary)."""
+    return evaluate(model, inputs, labels, device)[0]
 
 
 def still_rising(history: list, early_stop: float, margin: float = RISE_MARGIN) -> bool | None:
@@ -96,15 +107,20 @@ def still_rising(history: list, early_stop: float, margin: float = RISE_MARGIN) 
     return accs[-1] > max(accs[:-2]) + margin
 
 
-def settled(history: list, window: int, margin: float, early_stop: float) -> bool:
+def settled(history: list, window: int, margin: float, early_stop: float,
+            losses: list | None = None) -> bool:
     """Whether a run whose held-out evaluations are `history` [[step, accuracy], ...] has
-    settled: it reached `early_stop`, or it has run at least 2 x `window` steps and the
-    best accuracy of its last `window` steps is no more than `margin` above the best
-    before them. A plateau shorter than the window is never settled: the window then
-    still holds the gain into it (or the run is too short), so a plateau followed by
-    MQAR's sudden rise goes on; one flat for longer than the window is. The window is in
-    steps, not evaluations, and the maxima on both sides carry the evaluations' noise
-    alike."""
+    settled: it reached `early_stop`, or it has run at least 2 x `window` steps, the best
+    accuracy of its last `window` steps is no more than `margin` above the best before
+    them, and (with `losses`, the held-out loss at each evaluation) the least held-out
+    loss of those steps is no more than `margin` (relative) below the least before. A
+    plateau shorter than the window is never settled: the window then still holds the
+    gain into it (or the run is too short); nor is one on which the held-out loss still
+    falls, as it does on MQAR's plateau before the sudden rise (where the held-out
+    accuracy sits at what the short convolution alone answers); a run flat in both for
+    longer than the window is. The window is in steps, not evaluations; the extrema on
+    both sides carry the evaluations' noise alike. Held-out loss, not training loss: a
+    model that memorises its training set keeps lowering the one, not the other."""
     if not history:
         return False
     if max(a for _, a in history) >= early_stop:
@@ -114,7 +130,14 @@ def settled(history: list, window: int, margin: float, early_stop: float) -> boo
         return False
     before = [a for s, a in history if s <= last - window]
     inside = [a for s, a in history if s > last - window]
-    return bool(before) and bool(inside) and max(inside) <= max(before) + margin
+    if not (before and inside and max(inside) <= max(before) + margin):
+        return False
+    if not losses or any(v is None for _, v in losses):
+        return True
+    lost_before = [v for s, v in losses if s <= last - window]
+    lost_inside = [v for s, v in losses if s > last - window]
+    return bool(lost_before) and bool(lost_inside) and \
+        min(lost_inside) >= (1 - margin) * min(lost_before)
 
 
 class Run:
@@ -144,6 +167,7 @@ class Run:
         self.rng = torch.get_rng_state()
         self.best = (-1.0, 0, 0.0)  # accuracy, step, seconds
         self.to_0_9, self.history, self.losses, self.step_s = None, [], [], []
+        self.held_out_loss = []  # [[step, held-out loss], ...]
         self.final_loss, self.step, self.seconds = None, 0, 0.0
         self.stopped = None  # "early_stop", "settled", "cap" or "nonfinite" once it ends
         self.failure = ""
@@ -200,8 +224,9 @@ class Run:
 
     def _evaluate(self, elapsed: float) -> None:
         c = self.config
-        acc = accuracy(self.model, self.test_x, self.test_y, self.device)
+        acc, loss = evaluate(self.model, self.test_x, self.test_y, self.device)
         self.history.append([self.step, acc])
+        self.held_out_loss.append([self.step, loss])
         if acc > self.best[0]:
             self.best = (acc, self.step, elapsed)
         if self.to_0_9 is None and acc >= 0.9:
@@ -209,7 +234,8 @@ class Run:
         self.final_loss, self.losses = statistics.fmean(self.losses), []
         if acc >= c.early_stop:
             self.stopped = "early_stop"
-        elif settled(self.history, c.settle_window, c.settle_margin, c.early_stop):
+        elif settled(self.history, c.settle_window, c.settle_margin, c.early_stop,
+                     self.held_out_loss):
             self.stopped = "settled"
         elif self.step >= c.max_steps:
             self.stopped = "cap"
@@ -219,8 +245,9 @@ class Run:
         best was reached), steps_to_0_9 (first evaluation at >= 0.9, else None), step_ms
         (median time of a training step: forward, backward, optimiser), final_loss (mean
         training loss since the previous evaluation), train_s (the run's wall time),
-        steps_run, n_params, history [[step, accuracy], ...], rising (still_rising of that
-        history), settled (the settling rule on that history), stopped (early_stop,
+        steps_run, n_params, history [[step, accuracy], ...], held_out_loss [[step, loss],
+        ...], rising (still_rising of that history), settled (the settling rule on both),
+        stopped (early_stop,
         settled, cap, or None while it may go on). status "nonfinite" when the training
         loss turned NaN or Inf."""
         if self.stopped == "nonfinite":
@@ -232,9 +259,10 @@ class Run:
                 "step_ms": 1e3 * statistics.median(self.step_s) if self.step_s else None,
                 "final_loss": self.final_loss, "train_s": self.seconds,
                 "steps_run": self.step, "n_params": self.model.n_params(),
-                "history": self.history, "rising": still_rising(self.history, c.early_stop),
+                "history": self.history, "held_out_loss": self.held_out_loss,
+                "rising": still_rising(self.history, c.early_stop),
                 "settled": settled(self.history, c.settle_window, c.settle_margin,
-                                   c.early_stop),
+                                   c.early_stop, self.held_out_loss),
                 "stopped": self.stopped}
 
 
