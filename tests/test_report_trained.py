@@ -118,3 +118,112 @@ def test_compare_flags_an_accuracy_drop_and_a_configuration_that_stopped(tmp_pat
     assert run_bench.main(["compare", str(a), str(b), "--fail-on-regression"]) == 1
     out = capsys.readouterr().out
     assert "trained quality" in out and "2 regression(s)" in out
+
+
+# -- seeds and settling (issue 34) -----------------------------------------------------------
+# Planted bugs: the mean or the first seed's number instead of the median; a range from the
+# first two rows of the file; the seed-sensitive mark at a spread of exactly 0.2, or on a
+# cell of one seed; unsettled cells drawn filled, counted in "smallest state reaching 0.9",
+# the fastest-step answer or the MAD ordering; the count of unsettled cells missing.
+
+from harness.report import frontier, plots  # noqa: E402
+from harness.report.frontier import cells, smallest_state_table, task_table  # noqa: E402
+
+P8 = json.dumps({"num_kv_pairs": 8, "power_a": 0.01, "random_non_queries": False},
+                sort_keys=True)
+
+
+def _seed_row(variant, params, state_bytes, acc, seed, *, settled=True, step_ms=5.0,
+              task="mqar"):
+    return {"config_id": f"{task}-{variant}-{json.dumps(params)}-{seed}", "task": task,
+            "task_params": P8, "variant": variant, "family": "x",
+            "params": json.dumps(params, sort_keys=True), "seq_len": 64, "num_kv_pairs": 8,
+            "vocab_size": 64, "causal": True, "d_model": 64, "layers": 2, "heads": 2,
+            "mlp": False, "batch": 32, "max_steps": 1000, "device": "cpu", "status": "ok",
+            "reason": "", "accuracy": acc, "best_lr": 1e-3, "lrs": "[0.001, 0.0032]",
+            "lr_accuracy": "{}", "lr_at_edge": False, "rising": False, "steps": 100,
+            "time_to_best_s": 1.0, "steps_to_0_9": None, "step_ms": step_ms, "train_s": 2.0,
+            "final_loss": 0.1, "n_params": 1000, "state_size": state_bytes // 4,
+            "state_bytes": state_bytes, "chance": 1 / 32, "reach": None, "seed": seed,
+            "settled": settled, "steps_run": 800, "threads": 1}
+
+
+# window 8: seeds 0.95 and 0.70 (median 0.825, seed-sensitive); window 4 (the least state):
+# seeds 0.93, 0.97, 0.91 (median 0.93), but seed 2 did not settle; performer(16): 0.92 and
+# 0.94 settled at 17,408 bytes: the smallest settled state reaching 0.9; linear at 2,048
+# bytes: 0.99 unsettled on both seeds; sdpa 1.0 and 0.98.
+SEEDED = [
+    _seed_row("sliding_window", {"window": 8}, 9216, 0.95, 0),
+    _seed_row("sliding_window", {"window": 8}, 9216, 0.70, 1),
+    _seed_row("sliding_window", {"window": 4}, 5120, 0.93, 0, step_ms=1.0),
+    _seed_row("sliding_window", {"window": 4}, 5120, 0.97, 1, step_ms=1.0),
+    _seed_row("sliding_window", {"window": 4}, 5120, 0.91, 2, settled=False, step_ms=1.0),
+    _seed_row("performer", {"num_features": 16}, 17408, 0.92, 0, step_ms=3.0),
+    _seed_row("performer", {"num_features": 16}, 17408, 0.94, 1, step_ms=3.0),
+    _seed_row("linear", {}, 2048, 0.99, 0, settled=False, step_ms=0.5),
+    _seed_row("linear", {}, 2048, 0.99, 1, settled=False, step_ms=0.5),
+    _seed_row("sdpa", {}, 65536, 1.0, 0),
+    _seed_row("sdpa", {}, 65536, 0.98, 1),
+]
+
+
+def _seeded(tmp_path, rows=SEEDED, name="seeds"):
+    return read_train(report_synth.write_train(tmp_path / name, rows) / "train.csv")
+
+
+def test_a_cell_reads_as_the_median_over_its_seeds_with_their_range(tmp_path):
+    c = cells(_seeded(tmp_path)).set_index("params")
+    w8, w4 = c.loc[json.dumps({"window": 8})], c.loc[json.dumps({"window": 4})]
+    assert (w8["accuracy"], w8["acc_min"], w8["acc_max"], w8["seeds"]) == pytest.approx(
+        (0.825, 0.70, 0.95, 2))
+    assert w4["accuracy"] == pytest.approx(0.93) and w4["seeds"] == 3
+    assert w8["seed_sensitive"] and not w4["seed_sensitive"]
+    assert w8["settled"] is True and w4["settled"] is False  # one seed unsettled
+    assert frontier.range_text(w8) == "0.825 [0.700–0.950]§"
+    assert frontier.range_text(w4) == "0.930 [0.910–0.970]°"
+    exactly = cells(_seeded(tmp_path, [_seed_row("sdpa", {}, 4, 0.9, 0),
+                                       _seed_row("sdpa", {}, 4, 0.7, 1)], "two"))
+    assert not exactly.iloc[0]["seed_sensitive"]  # 0.2 apart: not more than 0.2
+
+
+def test_unsettled_cells_are_left_out_of_the_answers_and_orderings(tmp_path):
+    tr = _seeded(tmp_path)
+    small = smallest_state_table(tr).iloc[0]
+    # linear (2,048 bytes, 0.99) and window 4 (5,120, median 0.93) did not settle
+    assert (small["smallest state reaching 0.9"], small["state bytes"]) == ("performer",
+                                                                            "17,408")
+    assert small["accuracy"] == "0.930 [0.920–0.940]"
+    fastest = answer_table(tr, forward_times(tr, None)).iloc[0]
+    assert fastest["fastest training step reaching 0.9"] == "performer"  # not linear, w=4
+    mad = task_table(tr).set_index("variant")
+    assert "linear" not in mad.index  # its only cell did not settle: in no ordering
+
+
+def test_the_frontier_draws_unsettled_cells_hollow_with_error_bars(tmp_path, monkeypatch):
+    seen = []
+    real = plots.frontier_plot
+    monkeypatch.setattr(plots, "frontier_plot",
+                        lambda df, *a, **k: seen.append(df.copy()) or real(df, *a, **k))
+    folder = report_synth.write_train(tmp_path / "plot", SEEDED)
+    md = write_report(folder).read_text()
+    (df,) = seen
+    hollow = dict(zip(df["variant"] + df["params"], df["hollow"]))
+    assert hollow["linear{}"] and hollow['sliding_window{"window": 4}']
+    assert not hollow["performer" + json.dumps({"num_features": 16})]
+    w8 = df[df["params"] == json.dumps({"window": 8})].iloc[0]
+    assert (w8["acc_min"], w8["acc_max"]) == (0.70, 0.95)
+    assert "2 of 5 trained cells had not settled (3 of 11 rows" in md
+    assert "°: not settled" in md and "§: seed-sensitive" in md
+
+
+def test_an_older_train_csv_without_seeds_or_settled_still_reports(tmp_path):
+    from harness.files import TRAIN_COLUMNS
+
+    old = [c for c in TRAIN_COLUMNS if c not in ("settled", "steps_run")]
+    rows = [{k: v for k, v in r.items() if k in old} for r in SEEDED if r["seed"] == 0]
+    folder = report_synth.write_train(tmp_path / "old", rows, columns=old)
+    tr = read_train(folder / "train.csv")
+    assert tr["settled"].isna().all()
+    small = smallest_state_table(tr).iloc[0]  # unknown is not unsettled: linear answers
+    assert small["smallest state reaching 0.9"] == "linear"
+    assert "trained cells had not settled" not in write_report(folder).read_text()

@@ -191,3 +191,16 @@ def test_a_preset_of_the_other_command_is_named_as_such(command, preset, words, 
     assert run_bench.main([command, "--preset", preset, "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and words in err
+
+
+def test_train_meta_records_the_estimate_beside_the_wall_time(mixed):
+    """The plan's estimate (probed steps, harness.train.estimate) of the session, and its
+    wall time: a positive number each, the estimate more than the workers' start alone."""
+    import json
+
+    from harness.train import estimate
+
+    folder, _ = mixed
+    session = json.loads((folder / "train_meta.json").read_text())["sessions"][0]
+    assert session["wall_s"] > 0
+    assert session["estimate_s"] > estimate.WORKER_S

@@ -88,11 +88,11 @@ def _scripted(monkeypatch, accuracies):
     """Replace the held-out evaluation by a script; record what it was given."""
     seen = []
 
-    def accuracy(model, inputs, labels, device):
+    def evaluate(model, inputs, labels, device):
         seen.append((inputs, labels))
-        return accuracies[len(seen) - 1]
+        return accuracies[len(seen) - 1], None  # no held-out loss: accuracy alone
 
-    monkeypatch.setattr(trainer, "accuracy", accuracy)
+    monkeypatch.setattr(trainer, "evaluate", evaluate)
     return seen
 
 
@@ -149,9 +149,9 @@ class _Sweeper:
     def __init__(self, accuracies):
         self.accuracies, self.lrs = accuracies, []
 
-    def run(self, config, lr):
+    def run(self, config, lr, until=None):  # each run ends at its first budget
         self.lrs.append(lr)
-        return _ok(self.accuracies[len(self.lrs) - 1], 0.1), 2.0
+        return {**_ok(self.accuracies[len(self.lrs) - 1], 0.1), "stopped": "cap"}, 2.0
 
 
 def test_the_sweep_stops_at_the_first_rate_that_reaches_early_stop():

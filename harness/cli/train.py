@@ -14,11 +14,13 @@ from pathlib import Path
 
 import torch
 
+import variants
 from harness.cli import modules
 from harness.cli.run import _parse, _rerun, _run_id
 from harness.cluster import executors
 from harness.errors import UsageError
 from harness.measure.matrix import read_toml
+from harness.measure.rows import NO_CUDA
 from harness.measure.store import matmul_fp32_gflops
 from harness.measure.worker import import_extra
 from harness.train import estimate
@@ -33,16 +35,17 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default=None,
                      help="train-quick (default: about 5 minutes on 2 cores), train-cpu (the "
-                          "recall frontier on two MQAR settings, under an hour), mad-cpu "
-                          "(MQAR and MAD's tasks), train-gpu (Zoology's Figure 2 grid)")
+                          "recall frontier on two MQAR settings, two seeds, raced rates; "
+                          "planned within 90 minutes), mad-cpu (MQAR and MAD's tasks), "
+                          "train-gpu (Zoology's Figure 2 grid)")
     src.add_argument("--config", default=None, help="a training matrix .toml of your own")
     p.add_argument("--results-dir", default="results", type=Path)
     p.add_argument("--run-id", default=None,
                    help="folder name under --results-dir (default: a UTC timestamp); a sweep "
                         "of the same matrix there is resumed; the folder may hold a `run`")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the plan (configurations, declared skips, an upper-bound time) "
-                        "and train nothing")
+                   help="print the plan (configurations, declared skips, a time estimate from "
+                        "step costs probed here) and train nothing")
     p.add_argument("--variants", help="comma-separated variant names to keep")
     p.add_argument("--task", help="comma-separated task names to keep (harness.train.tasks: "
                                   "mqar, selective_copying, noisy_recall, fuzzy_recall, ...)")
@@ -63,31 +66,59 @@ def overrides_from(args) -> dict:
     return out
 
 
+def estimate_seconds(configs: list[tm.TrainConfig], log_path: Path | None = None,
+                     workers: int = 1) -> list[tuple]:
+    """(config, predicted seconds, declared skips) at step costs probed here now, in
+    training workers (`workers` at once; their log at log_path, else a temporary file); a
+    probe that failed falls back to the FLOP model at the matmul rate measured here."""
+    import tempfile
+
+    trainable = []
+    for c in configs:
+        module = variants.build(c.variant, **c.param_dict)
+        if not [r for r in runner.skip_reasons(c, module) if r != NO_CUDA]:
+            trainable.append(c)
+    with tempfile.TemporaryDirectory() as tmp:
+        probed = estimate.probe_all(trainable, log_path or Path(tmp) / "probe.log", workers)
+    rate = []
+
+    def step(c, module):
+        got = probed.get(estimate.probe_key(c))
+        if got is not None:
+            return got
+        if not rate:
+            rate.append(matmul_fp32_gflops(c.threads) * 1e9)
+        return estimate.flop_step_seconds(c, module, rate[0])
+
+    return estimate.plan_seconds(configs, step, runner.skip_reasons)
+
+
 def plan(configs: list[tm.TrainConfig], n_shards: int = 1, workers: int = 1) -> int:
-    """Print the configurations, their declared skips and an upper-bound time estimate."""
-    rate = matmul_fp32_gflops(configs[0].threads) * 1e9
+    """Print the configurations, their declared skips and the time estimate."""
     reasons, costs = Counter(), []
-    for c, t, why in estimate.plan_seconds(configs, rate, runner.skip_reasons):
+    for c, t, why in estimate_seconds(configs, workers=workers):
         if why:
             reasons[f"{c.variant}: {'; '.join(why)}"] += 1
         costs.append((c, t))
     skipped = sum(reasons.values())
     total = sum(t for _, t in costs)
-    runs = sum(len(c.lrs) for c, t in costs if t)
-    print(f"{len(configs)} configurations; {skipped} skipped as declared unsupported; "
-          f"{len(configs) - skipped} to train ({runs} training runs over the learning rates), "
-          f"upper-bound estimate {total / 60:.1f} min of work"
+    cells = len({c.cell_id for c in configs})
+    over = f" ({cells} cells over their seeds)" if cells < len(configs) else ""
+    print(f"{len(configs)} configurations{over}; {skipped} skipped as "
+          f"declared unsupported; {len(configs) - skipped} to train; estimate "
+          f"{total / 60:.1f} min of work"
           f"{f' (about {total / 60 / workers:.1f} min on {workers} workers)' if workers > 1 else ''}"
-          f": every rate to max_steps, where early stopping ends most runs sooner (fp32 "
-          f"matmul {rate / 1e9:.0f} GFLOP/s measured here"
-          f"{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''})")
+          f" if no run stops early (every rung of the race, every later seed to max_steps; "
+          f"early_stop and settled runs end sooner), at step costs probed here "
+          f"({estimate.PROBE_STEPS} steps per model)"
+          f"{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''}")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
     if n_shards > 1:
         from harness.cluster import shards
 
         cost = {c.config_id: t for c, t in costs}
-        for i, part in enumerate(shards.split(costs, n_shards, unit=lambda c: c.config_id)):
+        for i, part in enumerate(shards.split(costs, n_shards, unit=lambda c: c.cell_id)):
             print(f"  shard {i}: {len(part)} configurations, estimate "
                   f"{sum(cost[c.config_id] for c in part) / 60:.1f} min")
     return 0
@@ -132,7 +163,12 @@ def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | Non
 
         trained.merge_before_serial(store, configs)
     earlier = len(store.done_ids()) if resume else 0
-    counts = runner.run(matrix, configs, store, resume=resume, workers=workers)
+    todo = [c for c in configs if c.config_id not in store.done_ids()] if resume else configs
+    store.folder.mkdir(parents=True, exist_ok=True)
+    predicted = sum(t for _, t, _ in estimate_seconds(
+        todo, store.folder / "train_worker.log", workers))
+    counts = runner.run(matrix, configs, store, resume=resume, workers=workers,
+                        estimate_s=predicted / workers)
     print(runner.summary_line(len(configs), counts, earlier, store.folder))
     return store.folder
 

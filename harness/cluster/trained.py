@@ -1,8 +1,9 @@
 """A training sweep over shards (`train --executor local|slurm --shards N`): what the engine
-(harness.cluster.engine) needs to know of a sweep: its units are configurations, each one
-alone in the split, a shard's job trains its configurations with the serial sweep's loop
+(harness.cluster.engine) needs to know of a sweep: its units are configurations, a cell's
+seeds together in the split, a shard's job trains its configurations with the serial sweep's loop
 into shards/train-<i>.csv, and a configuration whose jobs all died gets the descriptive
-columns of its row. harness.cluster.shards describes the files (`TRAIN`).
+columns of its row. A cell's seeds are one shard's (the race of the first picks the rate
+of the others). harness.cluster.shards describes the files (`TRAIN`).
 """
 
 from __future__ import annotations
@@ -42,19 +43,23 @@ def train_shard(folder: str, index: int, configs: list[TrainConfig], executor: s
 
 
 def _costs(configs: list[TrainConfig], rate: float) -> list[tuple[TrainConfig, float]]:
-    return [(c, estimate.config_seconds(c, variants.build(c.variant, **c.param_dict), rate))
-            for c in configs]
+    """The split's costs: the protocol's steps at the FLOP model's step (relative costs are
+    what balances shards; no probe runs on the submitting machine)."""
+    return [(c, estimate.config_seconds(c, estimate.flop_step_seconds(
+        c, variants.build(c.variant, **c.param_dict), rate))) for c in configs]
 
 
 def _row(config: TrainConfig) -> dict:
     return runner.config_row(config, variants.build(config.variant, **config.param_dict))
 
 
-def _alone(config: TrainConfig) -> str:
-    return config.config_id
+def _cell(config: TrainConfig) -> str:
+    """A cell's seeds stay in one shard: the later seeds train at the rate the first's race
+    picked."""
+    return config.cell_id
 
 
-WORK = engine.Work(files=TRAIN, body=train_shard, costs=_costs, together=_alone, row=_row,
+WORK = engine.Work(files=TRAIN, body=train_shard, costs=_costs, together=_cell, row=_row,
                    summary=runner.summary_line, noun="configuration", doing="training")
 
 # what the command calls: `run` the run folder once every unit has a row (else the exit

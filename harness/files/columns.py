@@ -71,14 +71,16 @@ MODEL_COLUMNS = [
 # layers x heads x the variant's state_size(N, D) and state_bytes the same in float32; chance
 # is the accuracy of a model that reads nothing (the task's floor); reach, for a variant with
 # a fixed key pattern (windows, block layouts) in one layer, the share of held-out queries
-# whose answer it can see (its ceiling).
+# whose answer it can see (its ceiling). seed is the row's (a cell trains over several, the
+# held-out set the first's); settled says whether the winning run reached early_stop or
+# settled (harness.train.trainer.settled), steps_run how many steps it ran.
 TRAIN_COLUMNS = [
     "config_id", "task", "task_params", "variant", "family", "params", "seq_len",
     "num_kv_pairs", "vocab_size", "causal", "d_model", "layers", "heads", "mlp", "batch",
     "max_steps", "device", "status", "reason", "accuracy", "best_lr", "lrs", "lr_accuracy",
     "lr_at_edge", "rising", "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s",
     "final_loss", "n_params", "state_size", "state_bytes", "chance", "reach", "seed",
-    "threads"]
-# Columns train.csv gained after its first release (issue 29): a report of an older file
+    "settled", "steps_run", "threads"]
+# Columns train.csv gained after its first release (issues 29, 34): a report of an older file
 # reads them as empty (state_bytes from state_size).
-TRAIN_LATER_COLUMNS = ["lrs", "lr_at_edge", "rising", "state_bytes"]
+TRAIN_LATER_COLUMNS = ["lrs", "lr_at_edge", "rising", "state_bytes", "settled", "steps_run"]

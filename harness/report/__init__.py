@@ -14,7 +14,8 @@ report.md, report.html and plots/; compares two runs. It never measures.
     summary.py         the title and what the run holds
     maps.py            the attention-map grid (maps.npz)
     answers.py         "Answers"; its decode lines in decoders.py
-    trained.py         "Quality when trained" and its Answers line (train.csv); its
+    trained.py         "Quality when trained" and its Answers line (train.csv); a
+                       configuration over its seeds in cells.py; its
                        frontier of accuracy against state and its tasks in frontier.py
     model.py           "Model drift" (model.csv)
     rounds.py          cases whose timing rounds disagree, other work seen on the cores

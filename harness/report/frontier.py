@@ -9,8 +9,9 @@ task the mean over its settings of the variant's best accuracy, then the mean ov
 
 A task setting is the task with its parameters, N, vocabulary and causal or not: the model
 (d_model, layers, heads) is one of a variant's sizes there, as Zoology's model width is.
-Marks: † the winning run was still rising at its step budget, ‡ its learning rate was at
-an end of the sweep (train.csv's `rising`, `lr_at_edge`).
+It reads cells (harness.report.cells: a configuration over its seeds, its median accuracy
+and range, the marks): a cell that has not settled is drawn hollow and kept out of every
+answer and ordering here.
 """
 
 from __future__ import annotations
@@ -22,34 +23,11 @@ from pathlib import Path
 import pandas as pd
 
 from harness.report import plots
+from harness.report.cells import (answerable, cells, footnote, known_false, marks,
+                                  range_text, unsettled_note)
 
 RECALL = 0.9
-TASK_SETTING = ["task", "task_params", "seq_len", "vocab_size", "causal"]
-RISING, EDGE = "†", "‡"
 _MODEL = {"d_model": "d", "layers": "L", "heads": "H"}
-
-
-def marks(row) -> str:
-    """† when still rising, ‡ when the winning rate is at an end of the sweep."""
-    return (RISING if str(row.get("rising")) == "True" else "") + \
-        (EDGE if str(row.get("lr_at_edge")) == "True" else "")
-
-
-def footnote(rows: pd.DataFrame) -> list[tuple]:
-    """The paragraph that explains the marks, when a row carries one."""
-    rising = (rows["rising"].astype(str) == "True").any()  # True, False or empty
-    edge = (rows["lr_at_edge"].astype(str) == "True").any()
-    parts = []
-    if rising:
-        parts.append(f"{RISING}: the winning run was still rising when its step budget ran "
-                     "out (its last held-out accuracy beat every evaluation before its last "
-                     "two by more than 0.01, and it did not reach early_stop): more steps "
-                     "might score higher")
-    if edge:
-        parts.append(f"{EDGE}: the winning learning rate is the smallest or the largest of "
-                     "the rates swept and the run did not reach early_stop: a rate outside "
-                     "the sweep might score higher")
-    return [("p", "; ".join(parts) + ".")] if parts else []
 
 
 def task_setting_name(row) -> str:
@@ -91,8 +69,10 @@ def _task_settings(df: pd.DataFrame) -> list[str]:
 
 
 def _frontier_rows(tr: pd.DataFrame) -> pd.DataFrame:
+    """The cells with a state, with task_setting and size."""
     ok = tr[(tr["status"] == "ok") & tr["state_bytes"].notna()]
-    return with_sizes(ok) if len(ok) else ok.assign(task_setting=[], size=[])
+    c = cells(ok)
+    return with_sizes(c) if len(c) else c.assign(task_setting=[], size=[])
 
 
 def _bytes(v) -> str:
@@ -100,38 +80,44 @@ def _bytes(v) -> str:
 
 
 def smallest_state_table(tr: pd.DataFrame) -> pd.DataFrame:
-    """Per task setting: the configuration with the least state_bytes reaching RECALL held-
-    out accuracy (of equal states, the more accurate), its variant, size and accuracy;
-    "none reached 0.9" with the best there otherwise."""
-    df = _frontier_rows(tr)
+    """Per task setting: the settled cell with the least state_bytes whose median over
+    seeds reaches RECALL held-out accuracy (of equal states, the more accurate), its
+    variant, size and accuracy; "none reached 0.9" with the best settled there otherwise,
+    "no settled cell" when there is none."""
+    every = _frontier_rows(tr)
+    df = answerable(every)
     rows = []
-    for s in _task_settings(df):
+    for s in _task_settings(every):
         g = df[df["task_setting"] == s]
+        if g.empty:
+            rows.append({"task setting": s, "smallest state reaching 0.9": "no settled cell"})
+            continue
         good = g[g["accuracy"] >= RECALL].sort_values(["state_bytes", "accuracy"],
                                                       ascending=[True, False], kind="stable")
         if good.empty:
             b = g.loc[g["accuracy"].idxmax()]
-            best = " ".join(x for x in (b["variant"], b["size"],
-                                        f"{b['accuracy']:.3f}{marks(b)}") if x)
+            best = " ".join(x for x in (b["variant"], b["size"], range_text(b)) if x)
             rows.append({"task setting": s,
                          "smallest state reaching 0.9": f"none reached 0.9 (best: {best})"})
             continue
         r = good.iloc[0]
         rows.append({"task setting": s, "smallest state reaching 0.9": r["variant"],
                      "size": r["size"] or "–", "state bytes": _bytes(r["state_bytes"]),
-                     "accuracy": f"{r['accuracy']:.3f}{marks(r)}"})
+                     "accuracy": range_text(r)})
     return pd.DataFrame(rows)
 
 
 def frontier_table(tr: pd.DataFrame, setting: str) -> pd.DataFrame:
     """One task setting's frontier in numbers: per variant and size, the state in bytes,
-    the held-out accuracy (marked), the winning rate and the rates swept."""
+    the held-out accuracy (the median over seeds, their min-max, marked), the seeds, the
+    first seed's winning rate and the rates swept."""
     df = _frontier_rows(tr)
     g = df[df["task_setting"] == setting].sort_values(["variant", "state_bytes", "size"])
     return pd.DataFrame({"variant": g["variant"], "size": g["size"].replace("", "–"),
                          "state bytes": g["state_bytes"].map(_bytes),
-                         "accuracy": [f"{r['accuracy']:.3f}{marks(r)}"
-                                      for _, r in g.iterrows()],
+                         "accuracy (median [min–max])": [range_text(r)
+                                                         for _, r in g.iterrows()],
+                         "seeds": g["seeds"].map(str),
                          "best lr": g["best_lr"].map(lambda v: f"{v:g}"),
                          "lrs swept": g["lrs"].fillna("–")})
 
@@ -149,11 +135,16 @@ def frontier_blocks(tr: pd.DataFrame, pdir: Path) -> list[tuple]:
               "key-value cache 2 N D a head, a window 2 (w + 1) D, a linear or recurrent "
               "state about D^2, Linformer 2 k D, Nyström 2 m D), log x-axis. One line per "
               "variant through its sizes (window, features, landmarks, block size, heads or "
-              "width), at each state its best accuracy; a hollow marker: the run was still "
-              "rising at its step budget. A variant is better where its line sits higher at "
-              "the same state.")]
+              "width), at each state its best accuracy: the median over the cell's seeds, a "
+              "bar from the lowest seed to the highest; a hollow marker: the cell had not "
+              "settled (its number ranks nothing). A variant is better where its line sits "
+              "higher at the same state."), *unsettled_note(tr)]
     for s in _task_settings(df):
-        g = df[df["task_setting"] == s].assign(line=lambda d: d["variant"])
+        g = df[df["task_setting"] == s].assign(
+            line=lambda d: d["variant"], hollow=lambda d: [
+                known_false(v) or ((v is None or pd.isna(v)) and r is not None
+                                   and not pd.isna(r) and bool(r))
+                for v, r in zip(d["settled"], d["rising"])])
         blocks += [("img", plots.frontier_plot(g, s, pdir / f"trained_frontier_{_slug(s)}.png",
                                                RECALL), f"accuracy against state: {s}"),
                    ("table", frontier_table(tr, s))]
@@ -161,9 +152,12 @@ def frontier_blocks(tr: pd.DataFrame, pdir: Path) -> list[tuple]:
 
 
 def best_per_setting(tr: pd.DataFrame) -> pd.DataFrame:
-    """(variant, task, task_setting) -> its best held-out accuracy over its configurations
-    there (sizes, models); settings where it trained no configuration are absent."""
-    df = with_sizes(tr[tr["status"] == "ok"])
+    """(variant, task, task_setting) -> its best held-out accuracy (median over seeds) over
+    its settled cells there (sizes, models); settings where it has none are absent."""
+    c = answerable(cells(tr))
+    if c.empty:
+        return pd.DataFrame(columns=["variant", "task", "task_setting", "accuracy"])
+    df = with_sizes(c)
     return df.groupby(["variant", "task", "task_setting"], as_index=False)["accuracy"].max()
 
 
@@ -189,7 +183,8 @@ def task_blocks(tr: pd.DataFrame) -> list[tuple]:
         return []
     return [("h", 3, "Accuracy per task"),
             ("p", "Per variant and task: the mean over the task's settings of the variant's "
-                  "best held-out accuracy at each (the best over its sizes and models there); "
+                  "best held-out accuracy at each (the best over its settled cells there, "
+                  "each the median over its seeds); "
                   "the MAD-style mean is the mean over tasks (MAD, Poli et al. 2024, whose "
                   "mean over six synthetic tasks tracked the ranking at scale)."),
             ("table", task_table(tr))]

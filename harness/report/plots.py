@@ -288,11 +288,12 @@ def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) ->
     model keeps per example, in bytes, log x-axis; one line per variant (`line`, colour by
     `variant`) through its sizes in order of state, at each state its best accuracy (block
     sizes that keep the same cache share a state); every configuration a marker, hollow
-    where its winning run was still rising (`rising`). The task's chance level dotted
+    where `hollow` (it had not settled), with a bar from `acc_min` to `acc_max` (the
+    range over its seeds) where those columns are there. The task's chance level dotted
     black, `bar` (the Answers' 0.9) dashed grey.
 
-    df: ok train.csv rows of one setting with `line`, `variant`, `state_bytes`, `accuracy`,
-    `rising` and `chance`."""
+    df: one setting's points with `line`, `variant`, `state_bytes`, `accuracy` (a cell's
+    median over seeds), `hollow` and `chance`; optionally `acc_min`, `acc_max`."""
     from matplotlib.ticker import FuncFormatter, NullLocator
 
     data = df.dropna(subset=["state_bytes"]).sort_values("state_bytes")
@@ -310,10 +311,14 @@ def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) ->
         colour = palette[line]
         ax.plot(best["state_bytes"], best["accuracy"], color=colour, linewidth=1.2,
                 linestyle=(0, dash[line]) if dash[line] else "-")
-        rising = sub["rising"].fillna(False).astype(bool)
-        ax.scatter(sub.loc[~rising, "state_bytes"], sub.loc[~rising, "accuracy"], s=18,
+        if "acc_min" in sub and (sub["acc_max"] > sub["acc_min"]).any():
+            ax.errorbar(sub["state_bytes"], sub["accuracy"],
+                        yerr=[sub["accuracy"] - sub["acc_min"], sub["acc_max"] - sub["accuracy"]],
+                        fmt="none", ecolor=colour, elinewidth=0.8, capsize=2, zorder=2)
+        hollow = sub["hollow"].fillna(False).astype(bool)
+        ax.scatter(sub.loc[~hollow, "state_bytes"], sub.loc[~hollow, "accuracy"], s=18,
                    color=colour, marker=marker[line], zorder=3)
-        ax.scatter(sub.loc[rising, "state_bytes"], sub.loc[rising, "accuracy"], s=18,
+        ax.scatter(sub.loc[hollow, "state_bytes"], sub.loc[hollow, "accuracy"], s=18,
                    facecolors="white", edgecolors=colour, marker=marker[line], zorder=3)
     if len(data):
         lo, hi = data["state_bytes"].min(), data["state_bytes"].max()

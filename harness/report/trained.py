@@ -4,7 +4,10 @@ command), and its line in the Answers.
 Reads train.csv and train_meta.json, and the folder's results.csv rows when `run` measured
 in the same folder (handed in by build.py): held-out accuracy is then set against the
 variants' forward time at the same N. A trained setting is the task with its parameters,
-N, vocabulary, causal or not, and the model (d_model, layers, heads, MLP).
+N, vocabulary, causal or not, and the model (d_model, layers, heads, MLP). A row is one
+seed of a configuration; the tables of accuracy and the answers read cells, the median
+over a configuration's seeds with their range (harness.report.frontier.cells), and leave
+out the cells that had not settled.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ RECALL = 0.9  # the Answers' "learned to recall" accuracy
 # The columns that make one trained setting (everything but the variant).
 SETTING = ["task", "task_params", "seq_len", "num_kv_pairs", "vocab_size", "causal",
            "d_model", "layers", "heads", "mlp"]
-# Rows that describe one configuration: compare joins two sweeps on them.
-KEY = ["variant", "params", *SETTING]
+# Rows that describe one configuration at one seed: compare joins two sweeps on them.
+KEY = ["variant", "params", *SETTING, "seed"]
 _NUMERIC = ["seq_len", "vocab_size", "d_model", "layers", "heads", "accuracy", "best_lr",
             "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s", "final_loss",
-            "n_params", "state_size", "state_bytes", "chance", "reach", "num_kv_pairs"]
+            "n_params", "state_size", "state_bytes", "chance", "reach", "num_kv_pairs",
+            "steps_run", "seed"]
 
 
 def _bool(v) -> bool:
@@ -57,7 +61,7 @@ def read_train(path: Path) -> pd.DataFrame:
     for col in TRAIN_LATER_COLUMNS:
         if col not in df.columns:
             df[col] = df["state_size"] * 4 if col == "state_bytes" and "state_size" in df \
-                else None
+                else float("nan") if col in _NUMERIC else None
     missing = [c for c in TRAIN_COLUMNS if c not in df.columns]
     if missing:
         raise UsageError(f"{path} lacks column(s): {', '.join(missing)}")
@@ -71,7 +75,8 @@ def read_train(path: Path) -> pd.DataFrame:
             raise UsageError(f"{path}: column {col} holds non-numbers")
     df["causal"] = df["causal"].map(_bool)
     df["mlp"] = df["mlp"].map(_bool)
-    for col in ("rising", "lr_at_edge"):
+    df["seed"] = df["seed"].fillna(0)
+    for col in ("rising", "lr_at_edge", "settled"):
         df[col] = df[col].map(_flag).astype(object)
     unknown = sorted(set(df["status"]) - set(STATUSES))
     if unknown:
@@ -123,10 +128,13 @@ def _yes(v) -> str:
 
 
 def accuracy_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Variant x setting: held-out accuracy where it trained, else its status."""
-    cells = [_acc(r["accuracy"]) + frontier.marks(r) if r["status"] == "ok" else r["status"]
-             for _, r in df.iterrows()]
-    wide = df.assign(cell=cells).pivot(index="label", columns="setting", values="cell")
+    """Variant x setting: held-out accuracy where it trained (the median over seeds, their
+    range), else its status."""
+    ok = frontier.cells(df)
+    text = pd.concat([ok.assign(cell=[frontier.range_text(r) for _, r in ok.iterrows()]),
+                      df[df["status"] != "ok"].assign(cell=lambda d: d["status"])])
+    text = text.drop_duplicates(["label", "setting"])  # a cell that trained over one that did not
+    wide = text.pivot(index="label", columns="setting", values="cell")
     order = _order(df)
     wide = wide.reindex(index=_labels(df), columns=order).fillna("")
     chance = df.groupby("setting")["chance"].first()
@@ -141,9 +149,11 @@ def detail_table(df: pd.DataFrame) -> pd.DataFrame:
         for _, r in df[df["setting"] == s].iterrows():
             if r["status"] != "ok":
                 continue
-            rows.append({"setting": s, "variant": r["label"],
+            rows.append({"setting": s, "variant": r["label"], "seed": str(int(r["seed"])),
                          "accuracy": _acc(r["accuracy"]) + frontier.marks(r),
-                         "best lr": f"{r['best_lr']:g}",
+                         "best lr": f"{r['best_lr']:g}", "settled": _yes(r["settled"]),
+                         "steps run": "–" if pd.isna(r["steps_run"])
+                         else str(int(r["steps_run"])),
                          "rising": _yes(r["rising"]), "lr at edge": _yes(r["lr_at_edge"]),
                          "lrs swept": r["lrs"] if isinstance(r["lrs"], str) else "–",
                          "steps to best": int(r["steps"]),
@@ -184,25 +194,29 @@ def forward_times(tr: pd.DataFrame, results: pd.DataFrame | None) -> pd.DataFram
 
 
 def answer_table(tr: pd.DataFrame, timed: pd.DataFrame) -> pd.DataFrame:
-    """Per trained setting: the fastest variant reaching RECALL held-out accuracy, by the
-    median training step (train.csv) and by forward time (results.csv, when there)."""
+    """Per trained setting: the fastest settled cell whose median over seeds reaches
+    RECALL held-out accuracy, by the median training step (train.csv) and by forward time
+    (results.csv, when there)."""
     rows = []
+    settled = frontier.answerable(frontier.cells(tr))
+    keep = set(zip(settled["variant"], settled["params"], settled["setting"]))
     for s in _order(tr):
-        g = tr[(tr["setting"] == s) & (tr["status"] == "ok")]
+        g = settled[settled["setting"] == s]
         good = g[g["accuracy"] >= RECALL]
         row = {"trained setting": s}
         if good.empty:
             best = g.loc[g["accuracy"].idxmax()] if len(g) else None
             row["fastest training step reaching 0.9"] = (
-                "none reached 0.9" + (f" (best: {best['label']} {best['accuracy']:.3f})"
-                                      if best is not None else ""))
+                "none reached 0.9" + (f" (best: {best['label']} {frontier.range_text(best)})"
+                                      if best is not None else " (no settled cell)"))
         else:
             fast = good.loc[good["step_ms"].idxmin()]
             row |= {"fastest training step reaching 0.9": fast["label"],
-                    "accuracy": _acc(fast["accuracy"]) + frontier.marks(fast),
+                    "accuracy": frontier.range_text(fast),
                     "step_ms": f"{fast['step_ms']:.3g}"}
         if not timed.empty:
             t = timed[(timed["setting"] == s) & (timed["accuracy"] >= RECALL)]
+            t = t[[k in keep for k in zip(t["variant"], t["params"], t["setting"])]]
             if len(t):
                 f = t.loc[t["time_ms"].idxmin()]
                 row |= {"fastest forward reaching 0.9": f["label"],
@@ -219,15 +233,17 @@ def answer_blocks(tr: pd.DataFrame, timed: pd.DataFrame) -> list[tuple]:
             "(train.csv)")
     if not timed.empty:
         text += ", and by the variant's forward time at that N in this folder's results.csv"
-    blocks = [("p", text + "."), ("table", answer_table(tr, timed))]
+    blocks = [("p", text + "; over the settled cells, each the median over its seeds."),
+              ("table", answer_table(tr, timed))]
     small = frontier.smallest_state_table(tr)
     if not small.empty:
-        blocks += [("p", f"Smallest state reaching {RECALL} held-out accuracy at each task "
-                         "setting (bytes per example, float32; of equal states the more "
-                         "accurate), over every variant and size trained there:"),
+        blocks += [("p", f"Smallest state reaching {RECALL} held-out accuracy (the median "
+                         "over seeds) at each task setting (bytes per example, float32; of "
+                         "equal states the more accurate), over every settled variant and "
+                         "size trained there:"),
                    ("table", small)]
-    ok = tr[tr["status"] == "ok"]
-    return blocks + (frontier.footnote(ok) if len(ok) else [])
+    ok = frontier.cells(tr)
+    return blocks + frontier.unsettled_note(tr) + (frontier.footnote(ok) if len(ok) else [])
 
 
 def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list[tuple]:
@@ -247,8 +263,10 @@ def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list
         *frontier.frontier_blocks(tr, pdir),
         *frontier.task_blocks(tr),
         ("h", 3, "Accuracy per setting"),
+        ("p", "The median over each configuration's seeds, with their range in brackets "
+              "when it has several:"),
         ("table", accuracy_table(tr))]
-    ok = tr[tr["status"] == "ok"].assign(line=lambda d: d["label"])
+    ok = frontier.cells(tr).assign(line=lambda d: d["label"])
     blocks += frontier.footnote(ok) if len(ok) else []
     if not ok.empty:
         blocks += [
@@ -259,7 +277,8 @@ def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list
                                         pdir / "trained_accuracy_vs_pairs.png"),
              "held-out accuracy against the number of key-value pairs"),
             ("p", "Lines join the mean over settings that share an x value. How each "
-                  "configuration trained (the winning learning rate, the steps to the best "
+                  "configuration trained, one row per seed (the winning learning rate, "
+                  "whether its run settled and how many steps it ran, the steps to the best "
                   "and to 0.9, the median training step, the whole sweep's wall time, the "
                   "state a causal decoder keeps per example, and for a fixed key pattern "
                   "(windows, block layouts) in one layer its reach: the share of held-out "

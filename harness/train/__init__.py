@@ -4,10 +4,15 @@ mixer, a tied head) is trained per configuration on a synthetic task, into train
 
     tasks.py    the task registry and its generators (MQAR)
     model.py    the small model around a variant
-    trainer.py  one training run: AdamW, warm-up then cosine decay, early stop, accuracy
+    trainer.py  one training run: AdamW, warm-up then cosine decay, early stop, settling,
+                accuracy; a run paused and continued (the race)
+    race.py     the race of learning rates: successive halving over continued runs
     matrix.py   a train TOML (preset or file) expanded into configurations, checked first
-    worker.py   one training run in a process of its own (`python -m harness.train.worker`)
-    runner.py   the serial run: the learning-rate sweep per configuration, rows, resume
+    worker.py   training runs in a process of its own (`python -m harness.train.worker`)
+    rows.py     a train.csv row: the configuration's columns, the outcome of its runs
+    runner.py   the serial run: per cell, the race on the first seed, the later seeds at
+                its rate; rows, resume
+    estimate.py the plan's time: the protocol's steps at step costs probed per model
     store.py    a run folder's train.csv and train_meta.json
 
 May import harness.measure (its worker process and memory cap), harness.models and

@@ -1,34 +1,44 @@
-"""The dry-run's predicted cost of a training configuration, in seconds (`train --dry-run`
-prints the sum; shards balance on it).
+"""The predicted cost of a training configuration, in seconds: `train --dry-run` prints the
+sum, train_meta.json records it beside the wall time, shards balance on it.
 
-An upper bound on purpose: every learning rate runs to max_steps (early stopping ends most
-runs sooner), each step costing its analytic FLOPs (forward: the projections, the short
-convolution, the MLP, the variant's own `flops`, the head at the scored positions;
-backward: twice the forward) at EFFICIENCY of the measured fp32 matmul rate, plus
-STEP_OVERHEAD_S of Python and optimiser per step; each held-out evaluation a forward over
-the held-out set; each configuration WORKER_S to start its data and model. Declared skips
-cost nothing. CUDA configurations use harness.measure.estimate's assumed GPU rate.
+Steps x the cost of a step. Steps: what the protocol runs when no run stops early (the
+race's rungs on the first seed, harness.train.race, each later seed one run to max_steps),
+so configurations that reach early_stop or settle take less. A step's cost is measured at
+plan time (`probe`): PROBE_WARMUP then PROBE_STEPS training steps of the configuration's
+own model, batch and threads, their median, in a training worker process (`probe_all`: a
+variant that crashes or hangs costs its probe, not the plan; its step then falls back to
+the FLOP model): the recurrences' chunk machinery and the routed variants' gathers cost
+what they cost here, not what their FLOPs say (a FLOP model under-predicted their steps
+1.2-2.5x). Each held-out evaluation costs a forward over the
+held-out set, a third of a step per batch; each configuration WORKER_S to start its
+process and data. Declared skips cost nothing.
+
+`flop_step_seconds` is the FLOP model (analytic forward FLOPs x 3 at EFFICIENCY of a matmul
+rate, plus STEP_OVERHEAD_S): shards balance on it, where no probe is run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import queue
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import torch
+
 from harness.measure.estimate import GPU_ASSUMED_GFLOPS
 from harness.measure.rows import NO_CUDA
+from harness.train import race
 from harness.train.matrix import TrainConfig
 
-# The share of the matmul rate a tiny model's step reaches, and the fixed cost per step
-# (autograd, AdamW, the Python loop). Measured on this 2-core machine, one thread, d = 64,
-# batch 64, N = 64..256, against the matmul rate measured in the same process: sdpa and
-# linear steps ran at 0.31-0.36 of it, performer 0.40-0.56, block_sparse and
-# sliding_window 0.18-0.29. Checked again at two layers (train-cpu's model: d = 64, batch
-# 32, N = 64 and 128, on a shared machine, so rough): sdpa and block_sparse took 1.0-1.1x
-# the predicted step, sliding_window, mamba2, gla and moba 1.2-1.6x, the chunked delta
-# rules and KDA at head dimension 16-32 2.2-2.5x (many small matmuls); a model of width 128
-# took 0.7x. So the bound holds on the number of steps, not on each step's cost: a sweep
-# of slow variants that never stops early can outrun it, and a preset keeps headroom.
-EFFICIENCY = 0.25
+EFFICIENCY = 0.25  # the share of the matmul rate a tiny model's step reaches (measured here)
 STEP_OVERHEAD_S = 0.002
 WORKER_S = 3.0  # start a worker process, import torch, generate the data
+PROBE_WARMUP, PROBE_STEPS = 2, 3
+PROBE_TIMEOUT_S = 60.0  # at most, per probe (or the configuration's timeout_s)
+EVAL_STEP_SHARE = 1 / 3  # a forward of one batch against a training step (forward, backward)
 
 
 def forward_flops(config: TrainConfig, module, batch: int) -> float:
@@ -41,28 +51,127 @@ def forward_flops(config: TrainConfig, module, batch: int) -> float:
     return L * (tokens * per_token + attention) + scored * 2 * d * config.vocab_size
 
 
-def plan_seconds(configs: list[TrainConfig], rate_flops_per_s: float,
+def flop_step_seconds(config: TrainConfig, module, rate_flops_per_s: float) -> float:
+    """The FLOP model of one training step (forward and backward, 3 forwards)."""
+    rate = GPU_ASSUMED_GFLOPS * 1e9 if config.device == "cuda" else rate_flops_per_s
+    return 3 * forward_flops(config, module, config.batch) / (rate * EFFICIENCY) \
+        + STEP_OVERHEAD_S
+
+
+def planned_steps(config: TrainConfig) -> int:
+    """Training steps of this configuration's row when no run stops early: on the first
+    seed the race's rungs over every rate (the first budget for all, then half of them to
+    twice that, ..., the last to max_steps), on a later seed one run to max_steps."""
+    if not config.first_seed:
+        return config.max_steps
+    ran: dict[float, int] = {}
+
+    def advance(lr, until):  # distinct, never stopping: the race's longest course
+        ran[lr] = until
+        return {"status": "ok", "accuracy": -config.lrs.index(lr), "final_loss": 1.0,
+                "stopped": "cap" if until >= config.max_steps else None}
+
+    race.race(config.lrs, advance, first=config.first_budget, cap=config.max_steps,
+              early_stop=float("inf"), margin=0.0)
+    return sum(ran.values())
+
+
+def config_seconds(config: TrainConfig, step_s: float) -> float:
+    """Predicted wall time of a configuration's row at `step_s` a training step."""
+    steps = planned_steps(config)
+    evals = -(-steps // config.eval_every)
+    per_eval = -(-config.test_examples // config.batch) * EVAL_STEP_SHARE * step_s
+    return WORKER_S + steps * step_s + evals * per_eval
+
+
+_PROBED: dict[tuple, float] = {}
+
+
+def probe(config: TrainConfig) -> float:
+    """Seconds of one training step of the configuration, measured now: PROBE_WARMUP, then
+    PROBE_STEPS steps at its first rate, median; on its threads, on a small training set
+    of its task (a step's cost does not depend on the data). Cached per model and batch
+    (seeds and budgets share it)."""
+    from harness.train.trainer import Run
+
+    key = probe_key(config)
+    if key not in _PROBED:
+        n = PROBE_WARMUP + PROBE_STEPS + 1  # the last step (an evaluation) is not run
+        small = dataclasses.replace(config, train_examples=n * config.batch,
+                                    test_examples=config.batch, max_steps=n, eval_every=n,
+                                    seed=config.seeds[0])
+        threads = torch.get_num_threads()
+        try:
+            run = Run(small, config.lrs[0])
+            run.advance(n - 1)  # no evaluation: it is at step n
+        finally:
+            torch.set_num_threads(threads)
+        _PROBED[key] = statistics.median(run.step_s[PROBE_WARMUP:])
+    return _PROBED[key]
+
+
+def probe_key(config: TrainConfig) -> tuple:
+    """What a step's cost depends on: the model, its batch, device and threads."""
+    return (config.task, config.task_params, config.variant, config.params, config.seq_len,
+            config.vocab_size, config.causal, config.d_model, config.layers, config.heads,
+            config.mlp, config.batch, config.device, config.threads)
+
+
+def probe_all(configs: list[TrainConfig], log_path: Path, workers: int = 1
+              ) -> dict[tuple, float | None]:
+    """probe_key -> a step's seconds (None where the probe failed: the variant raised,
+    crashed its process or hung past PROBE_TIMEOUT_S), each probe a request to a training
+    worker process (harness.train.worker), `workers` of them at once."""
+    from harness.measure.processes import Worker
+
+    todo = list({probe_key(c): c for c in configs if c.device != "cuda"}.values())
+    out: dict[tuple, float | None] = {}
+    idle: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(max(1, min(workers, len(todo)))):
+        idle.put(None)
+
+    def one(c: TrainConfig) -> None:
+        w = idle.get()
+        try:
+            if w is None or not w.alive():
+                w = Worker("probe", log_path, c.threads, module="harness.train.worker")
+            limit = min(PROBE_TIMEOUT_S, c.timeout_s)
+            got = w.call({"probe": c.to_json()}, f"probe {c.label()}", limit, limit)
+            out[probe_key(c)] = got.get("step_s") if got["status"] == "ok" else None
+            if not w.alive():
+                w.close()
+                w = None
+        finally:
+            idle.put(w)
+
+    try:
+        with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:
+            list(pool.map(one, todo))
+    finally:
+        while not idle.empty():
+            w = idle.get()
+            if w is not None:
+                w.close()
+    return out
+
+
+def plan_seconds(configs: list[TrainConfig], step_seconds: Callable,
                  skip_reasons) -> list[tuple[TrainConfig, float, list[str]]]:
     """(config, predicted seconds, declared skips) per configuration, as `--dry-run` sums
     them: a configuration declared unsupported costs nothing (CUDA missing here aside, so a
-    GPU preset is planned on a CPU machine). `skip_reasons(config, module)` is the
-    runner's."""
+    GPU preset is planned on a CPU machine, at the FLOP model's assumed GPU rate).
+    `step_seconds(config, module)` is a step's cost (`probe`, or a model of it);
+    `skip_reasons(config, module)` the runner's."""
     import variants
 
     out = []
     for c in configs:
         module = variants.build(c.variant, **c.param_dict)
         why = [r for r in skip_reasons(c, module) if r != NO_CUDA]
-        out.append((c, 0.0 if why else config_seconds(c, module, rate_flops_per_s), why))
+        if why:
+            out.append((c, 0.0, why))
+            continue
+        step = flop_step_seconds(c, module, 0.0) if c.device == "cuda" \
+            else step_seconds(c, module)
+        out.append((c, config_seconds(c, step), why))
     return out
-
-
-def config_seconds(config: TrainConfig, module, rate_flops_per_s: float) -> float:
-    """Predicted wall time of a configuration's whole sweep (every rate to max_steps)."""
-    rate = GPU_ASSUMED_GFLOPS * 1e9 if config.device == "cuda" else rate_flops_per_s
-    rate *= EFFICIENCY
-    step = 3 * forward_flops(config, module, config.batch) / rate + STEP_OVERHEAD_S
-    evals = -(-config.max_steps // config.eval_every)
-    evaluation = forward_flops(config, module, config.test_examples) / rate
-    per_lr = min(config.max_steps * step + evals * evaluation, config.timeout_s)
-    return WORKER_S + len(config.lrs) * per_lr

@@ -23,10 +23,14 @@ product, and the union (first occurrence of each configuration wins) is the run.
     warmup = 0.1                # share of max_steps with a linear warm-up, then cosine to 0
     weight_decay = 0.1          # AdamW's
     eval_every = 50             # steps between held-out evaluations
-    early_stop = 0.99           # held-out accuracy that ends a run (and the sweep)
+    early_stop = 0.99           # held-out accuracy that ends a run (and the race)
+    settle_window = 1000        # a run has settled: no gain above settle_margin over its last
+    settle_margin = 0.02        #   settle_window steps, after at least 2 x settle_window
+    race_steps = 0              # the race's first budget per rate (0: max_steps / 8)
     train_examples = 20000      # the training set (seed), drawn in shuffled epochs
-    test_examples = 500         # the held-out set (a different seed)
-    seed = 0                    # data, initialisation and batch order
+    test_examples = 500         # the held-out set (the first seed's, for every seed)
+    seed = 0                    # or a list: one row per seed (initialisation, batch order,
+                                #   training set); the race of rates runs on the first
     device = "cpu"              # or "cuda"
     threads = 0                 # torch threads in the worker; 0: all cores
     timeout_s = 300             # per learning rate, wall clock; the worker is killed after it
@@ -60,7 +64,9 @@ _KEYS: dict[str, tuple[object, str]] = {
     "heads": ([1], "list:int"), "mlp": ([False], "list:bool"), "lrs": ([3e-3], "floats"),
     "batch": (64, "int"), "max_steps": (1000, "int"), "warmup": (0.1, "fraction"),
     "weight_decay": (0.1, "float"), "eval_every": (50, "int"), "early_stop": (0.99, "fraction"),
-    "train_examples": (20000, "int"), "test_examples": (500, "int"), "seed": (0, "int0"),
+    "settle_window": (1000, "int"), "settle_margin": (0.02, "fraction"),
+    "race_steps": (0, "int0"),
+    "train_examples": (20000, "int"), "test_examples": (500, "int"), "seed": ([0], "seeds"),
     "device": ("cpu", "device"), "threads": (0, "int0"), "timeout_s": (300.0, "float"),
     "mem_limit_mib": (0, "int0"),
 }
@@ -71,7 +77,9 @@ _BENCHMARK_ONLY = {"passes", "inputs", "dtypes", "devices", "head_dim", "min_run
 KEY_FIELDS = ("task", "task_params", "variant", "params", "seq_len", "vocab_size", "causal",
               "d_model", "layers", "heads", "mlp", "lrs", "batch", "max_steps", "warmup",
               "weight_decay", "eval_every", "early_stop", "train_examples", "test_examples",
-              "seed", "device")
+              "seed", "device", "seeds", "settle_window", "settle_margin", "race_steps")
+# A cell: the configuration but for its seed (the report's median and range are over it).
+CELL_FIELDS = tuple(f for f in KEY_FIELDS if f != "seed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,11 +109,37 @@ class TrainConfig:
     threads: int
     timeout_s: float
     mem_limit_mib: int
+    seeds: tuple[int, ...] = ()  # every seed of the cell, the first the race's; () = (seed,)
+    settle_window: int = 1000
+    settle_margin: float = 0.02
+    race_steps: int = 0
+
+    def __post_init__(self):
+        if not self.seeds:
+            object.__setattr__(self, "seeds", (self.seed,))
 
     @property
     def config_id(self) -> str:
         key = {f: getattr(self, f) for f in KEY_FIELDS}
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def cell_id(self) -> str:
+        """The id of the configuration's cell: every seed of it shares it."""
+        key = {f: getattr(self, f) for f in CELL_FIELDS}
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def first_seed(self) -> bool:
+        """Whether this is the cell's first seed, the one whose race picks the rate."""
+        return self.seed == self.seeds[0]
+
+    @property
+    def first_budget(self) -> int:
+        """The race's first budget per rate, in steps: race_steps, else max_steps / 8,
+        rounded up to a held-out evaluation."""
+        steps = self.race_steps or max(1, self.max_steps // 8)
+        return min(self.max_steps, -(-steps // self.eval_every) * self.eval_every)
 
     @property
     def param_dict(self) -> dict:
@@ -132,7 +166,7 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> "TrainConfig":
-        return cls(**{**d, "lrs": tuple(d["lrs"])})
+        return cls(**{**d, "lrs": tuple(d["lrs"]), "seeds": tuple(d.get("seeds") or ())})
 
 
 def _task_keys(task_names) -> dict[str, object]:
@@ -181,6 +215,13 @@ def _check(table: dict, where: str, errors: list[str], task_keys: dict) -> dict:
                               f"got {value!r}")
                 continue
             value = [float(v) for v in value]
+        elif kind == "seeds":
+            value = value if isinstance(value, list) else [value]
+            if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                    for v in value) or len(set(value)) < len(value):
+                errors.append(f"{where}: 'seed' must be a non-negative integer or a list of "
+                              f"distinct ones, got {value!r}")
+                continue
         elif kind in ("int", "int0"):
             if not isinstance(value, int) or isinstance(value, bool) or value < (kind == "int"):
                 errors.append(f"{where}: {key!r} must be a {'positive' if kind == 'int' else 'non-negative'} "
@@ -298,7 +339,7 @@ def expand(matrix: dict, errors: list[str] | None = None) -> list[TrainConfig]:
             if problems:
                 collect.extend(problems)
                 continue
-            for name, params in settings:
+            for (name, params), seed in itertools.product(settings, g["seed"]):
                 if stack.is_pattern(name) and L % len(stack.parse(name)):
                     collect.append(f"layer pattern {name!r} has {len(stack.parse(name))} "
                                    f"layers, which does not divide layers = {L}")
@@ -307,8 +348,9 @@ def expand(matrix: dict, errors: list[str] | None = None) -> list[TrainConfig]:
                                 causal, d, L, H, mlp, tuple(g["lrs"]), g["batch"],
                                 g["max_steps"], g["warmup"], g["weight_decay"], g["eval_every"],
                                 g["early_stop"], g["train_examples"], g["test_examples"],
-                                g["seed"], g["device"], g["threads"] or os.cpu_count() or 1,
-                                float(g["timeout_s"]), g["mem_limit_mib"])
+                                seed, g["device"], g["threads"] or os.cpu_count() or 1,
+                                float(g["timeout_s"]), g["mem_limit_mib"], tuple(g["seed"]),
+                                g["settle_window"], g["settle_margin"], g["race_steps"])
                 out.setdefault(c.config_id, c)
     if errors is None and collect:
         raise UsageError("; ".join(dict.fromkeys(collect)))

@@ -7,17 +7,21 @@ declared reasons (non-causal only, a length it cannot take, no CUDA here) make t
 harness.train.worker` process (harness.measure.processes.Worker), killed after the
 configuration's `timeout_s`; a worker that times out, dies (a crash, the kernel's OOM
 killer) or runs out of memory is replaced before the next run. With `workers` > 1, that
-many configurations train at once, each in its own worker process. The sweep stops at the
-first rate that reaches `early_stop`; the row reports the best held-out accuracy over the
-rates tried and the run of the rate that reached it (Zoology's report: the best over a
-sweep of learning rates), with what tells a fair sweep from an unfinished one: every rate
-of the sweep (`lrs`), whether the winning run was still rising at its budget and whether
-its rate is at an end of the sweep (`lr_at_edge`).
+many cells train at once, each in its own worker process.
+
+A cell is a configuration over its seeds (`seed = [0, 1]`: one row per seed). On its first
+seed the rates are raced (harness.train.race: successive halving, each rate's run
+continued in the worker, the race over at the first run that reaches `early_stop`); every
+later seed trains one run at the rate the race picked. A row reports the best held-out
+accuracy over the rates tried and the run of the rate that reached it (Zoology's report:
+the best over a sweep of learning rates), with what tells a fair sweep from an unfinished
+one: every rate of the sweep (`lrs`), whether the winning run had settled (`settled`,
+`steps_run`), was still rising at its end, and whether its rate is at an end of the sweep
+(`lr_at_edge`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import sys
@@ -27,141 +31,38 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 import variants
 from harness.measure.processes import Worker
-from harness.measure.rows import NO_CUDA, STATUSES
+from harness.measure.rows import STATUSES
 from harness.measure.store import environment, now
-from harness.train import tasks, trainer
+from harness.train import race
 from harness.train.matrix import TrainConfig
-from harness.train.model import CONV_KERNEL
+from harness.train.rows import (  # noqa: F401  (callers read them here)
+    combine, config_row, lr_at_edge, reach, skip_reasons, state_elements)
 from harness.train.store import TrainStore
 
-CONV_REACH = CONV_KERNEL - 1  # the short convolution reads this many positions back
-
 WORKER = "harness.train.worker"
-STATE_DTYPE = torch.float32  # the trained model's dtype: state_bytes = state_size x 4
-# When no rate ran ok, the row takes the most telling failure: an error is a bug to read,
-# a non-finite loss an outcome of training.
-_SEVERITY = ("error", "oom", "timeout", "nonfinite")
-_BEST_FIELDS = ("accuracy", "steps", "time_to_best_s", "steps_to_0_9", "step_ms",
-                "final_loss", "n_params", "rising")
-
-
-def lr_at_edge(lrs, best_lr: float, accuracy: float, early_stop: float) -> bool:
-    """Whether the winning rate may not be the best one: it is the smallest or the largest
-    of the rates swept (`lrs`, every rate configured, run or not), so a rate outside the
-    range might do better. False when the winning run reached early_stop: nothing could
-    rank it higher, so a row that stopped at the first rate it tried is never at the edge,
-    whichever rate that was. A sweep of one rate is at the edge unless it reached
-    early_stop."""
-    if accuracy >= early_stop:
-        return False
-    return best_lr in (min(lrs), max(lrs))
-
-
-def state_elements(config: TrainConfig, module) -> int | None:
-    """The model's state per example: layers x heads x the variant's `state_size(N, D)` at
-    the head dimension D = d_model / heads (Based's "state size": what a decoder keeps for
-    every layer's heads). The same number on non-causal rows, where it is what one query
-    reads (Linformer 2 k D, Nystrom 2 m D: the compressed keys and values). None where the
-    variant does not say."""
-    state = module.state_size(config.seq_len, config.head_dim)
-    return None if state is None else config.layers * config.heads * state
-
-
-def config_row(config: TrainConfig, module) -> dict:
-    """The descriptive columns of a configuration (everything but the training's outcome)."""
-    state = state_elements(config, module)
-    task = tasks.get(config.task)
-    return {"config_id": config.config_id, "task": config.task,
-            "task_params": config.task_params, "variant": config.variant,
-            "family": module.family, "params": config.params, "seq_len": config.seq_len,
-            "num_kv_pairs": config.task_param_dict.get("num_kv_pairs"),
-            "vocab_size": config.vocab_size, "causal": config.causal,
-            "d_model": config.d_model, "layers": config.layers, "heads": config.heads,
-            "mlp": config.mlp, "batch": config.batch, "max_steps": config.max_steps,
-            "device": config.device, "seed": config.seed, "threads": config.threads,
-            "state_size": state,
-            "state_bytes": None if state is None else state * STATE_DTYPE.itemsize,
-            "lrs": json.dumps(list(config.lrs)),
-            "chance": task.chance(config.seq_len, config.vocab_size, **config.task_param_dict),
-            "reach": reach(config, module)}
-
-
-def reach(config: TrainConfig, module) -> float | None:
-    """For a one-layer model whose variant attends over a fixed key pattern (its `key_mask`:
-    windows, block layouts), the share of held-out queries whose answer it can read: the
-    pattern seen from the query holds a position where the short convolution has put the
-    answer together with its key, the answer's own position or the next one (kernel 3:
-    position j carries tokens j-2..j, and the key sits just before its answer). The other
-    queries it can only guess. None for other variants (no pattern, or more layers, which
-    can relay)."""
-    mask = module.key_mask(config.seq_len) if config.layers == 1 else None
-    if mask is None:
-        return None
-    task = tasks.get(config.task)
-    _, (inputs, labels) = trainer.datasets(config)  # the held-out set the trainer scores
-    at = task.answer_at(inputs, labels, **config.task_param_dict)
-    rows, cols = (at >= 0).nonzero(as_tuple=True)
-    if len(rows) == 0:
-        return None
-    N = config.seq_len
-    seen = mask(torch.arange(N), torch.arange(N))  # (N, N): query i sees key j
-    if config.causal:
-        seen = seen & torch.ones(N, N, dtype=torch.bool).tril()
-    answer = at[rows, cols]
-    carried = torch.zeros(len(rows), dtype=torch.bool)
-    for shift in range(CONV_REACH):  # positions answer .. answer + K - 2 hold key and answer
-        j = (answer + shift).clamp(max=N - 1)
-        carried |= seen[cols, j] & (answer + shift < N)
-    return float(carried.float().mean())
-
-
-def skip_reasons(config: TrainConfig, module) -> list[str]:
-    """Reasons, declared before running, that the variant cannot be trained here."""
-    reasons = [NO_CUDA] if config.device == "cuda" and not torch.cuda.is_available() else []
-    return reasons + module.unsupported_reasons(
-        device=config.device, dtype=torch.float32, causal=config.causal,
-        seq_len=config.seq_len, head_dim=config.head_dim, backward=True)
-
-
-def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
-    """One row's outcome from the sweep's runs [(lr, result, wall seconds), ...]."""
-    ok = [(lr, r) for lr, r, _ in runs if r["status"] == "ok"]
-    notes = [f"lr={lr:g}: {r['status']}: {r['reason']}" for lr, r, _ in runs
-             if r["status"] != "ok"]
-    untried = [f"{lr:g}" for lr in config.lrs[len(runs):]]
-    if untried:
-        notes.append(f"lr={', '.join(untried)} not run: lr={runs[-1][0]:g} reached "
-                     f"early_stop={config.early_stop:g}")
-    out = {"train_s": sum(w for _, _, w in runs),
-           "lr_accuracy": json.dumps({f"{lr:g}": round(r["accuracy"], 5) if r["status"] == "ok"
-                                      else r["status"] for lr, r, _ in runs})}
-    if not ok:
-        statuses = [r["status"] for _, r, _ in runs]
-        status = min(statuses, key=lambda s: _SEVERITY.index(s) if s in _SEVERITY else -1)
-        return {**out, "status": status, "reason": "; ".join(notes)}
-    lr, best = max(ok, key=lambda x: x[1]["accuracy"])  # the first of equals
-    return {**out, "status": "ok", "reason": "; ".join(notes), "best_lr": lr,
-            **{k: best.get(k) for k in _BEST_FIELDS},
-            "lr_at_edge": lr_at_edge(config.lrs, lr, best["accuracy"], config.early_stop)}
 
 
 class Sweeper:
-    """The worker process a sweep's runs go to, replaced when it dies or is killed."""
+    """The worker process a cell's runs go to, replaced when it dies or is killed."""
 
     def __init__(self, log_path: Path):
         self.log_path, self.worker = log_path, None
 
-    def run(self, config: TrainConfig, lr: float) -> tuple[dict, float]:
+    def run(self, config: TrainConfig, lr: float, until: int | None = None
+            ) -> tuple[dict, float]:
+        """The run of (config, lr) advanced to step `until` (its end without it)."""
         if self.worker is None or not self.worker.alive():
             self.worker = Worker("train", self.log_path, config.threads, module=WORKER)
         start = time.monotonic()
-        got = self.worker.call({"config": config.to_json(), "lr": lr},
-                               f"train {config.config_id} {config.label()} lr={lr:g}",
+        request = {"config": config.to_json(), "lr": lr}
+        if until is not None:
+            request["until"] = until
+        got = self.worker.call(request, f"train {config.config_id} {config.label()} lr={lr:g}"
+                               f"{f' to step {until}' if until is not None else ''}",
                                config.timeout_s, config.timeout_s)
         if got["status"] == "oom" or not self.worker.alive():  # a fresh heap next time
             self.close()
@@ -173,34 +74,85 @@ class Sweeper:
             self.worker = None
 
 
-def train_config(config: TrainConfig, sweeper: Sweeper, bar=None) -> dict:
-    """One configuration's row: declared skips, else the sweep over its learning rates."""
-    module = variants.build(config.variant, **config.param_dict)
-    row = config_row(config, module)
-    reasons = skip_reasons(config, module)
-    if reasons:
-        return {**row, "status": "skipped", "reason": "; ".join(reasons)}
-    runs = []
-    for lr in config.lrs:
+def race_rates(config: TrainConfig, sweeper: Sweeper, bar=None) -> list[tuple]:
+    """The race of the configuration's rates: [(lr, last result, wall seconds)]."""
+    wall: dict[float, float] = {}
+
+    def advance(lr: float, until: int) -> dict:
         if bar is not None:
-            bar.set_postfix_str(f"{config.label()} lr={lr:g}", refresh=True)
+            bar.set_postfix_str(f"{config.label()} seed={config.seed} lr={lr:g} "
+                                f"to {until}", refresh=True)
+        got, seconds = sweeper.run(config, lr, until)
+        wall[lr] = wall.get(lr, 0.0) + seconds
+        return got
+
+    done = race.race(config.lrs, advance, first=config.first_budget, cap=config.max_steps,
+                     early_stop=config.early_stop, margin=config.settle_margin)
+    return [(lr, r, wall[lr]) for lr, r in done]
+
+
+def cells(configs: list[TrainConfig]) -> list[list[TrainConfig]]:
+    """The configurations grouped by cell, in the matrix's order, first seed first."""
+    out: dict[str, list[TrainConfig]] = {}
+    for c in configs:
+        out.setdefault(c.cell_id, []).append(c)
+    return [sorted(g, key=lambda c: c.seeds.index(c.seed)) for g in out.values()]
+
+
+def train_cell(cell: list[TrainConfig], sweeper: Sweeper, done: dict[str, dict | None],
+               bar=None):
+    """Rows of a cell's configurations not in `done` (config_id -> its row, None when the
+    row is done but not at hand), yielded as each finishes: declared skips, else the race
+    on the first seed and one run per later seed at the rate it picked."""
+    first = cell[0]
+    module = variants.build(first.variant, **first.param_dict)
+    reasons = skip_reasons(first, module)
+    chosen = None
+    for config in cell:
+        if config.config_id in done and not config.first_seed:
+            continue
+        row = config_row(config, module)
+        if reasons:
+            if config.config_id not in done:
+                yield {**row, "status": "skipped", "reason": "; ".join(reasons)}
+            continue
+        if config.first_seed:
+            got = done.get(first.config_id)
+            if got is None:  # not done, or done elsewhere: the race (deterministic) again
+                got = {**row, **combine(config, race_rates(config, sweeper, bar))}
+                if config.config_id not in done:
+                    yield got
+            chosen = got
+            continue
+        if chosen.get("status") != "ok":
+            yield {**row, "status": chosen["status"],
+                   "reason": f"seed {first.seed} trained no rate: {chosen.get('reason', '')}"}
+            continue
+        lr = float(chosen["best_lr"])
+        if bar is not None:
+            bar.set_postfix_str(f"{config.label()} seed={config.seed} lr={lr:g}",
+                                refresh=True)
         got, wall = sweeper.run(config, lr)
-        runs.append((lr, got, wall))
-        if got["status"] == "ok" and got["accuracy"] >= config.early_stop:
-            break
-    return {**row, **combine(config, runs)}
+        yield {**row, **combine(config, [(lr, got, wall)])}
+
+
+def train_config(config: TrainConfig, sweeper: Sweeper, bar=None) -> dict:
+    """The row of one configuration trained alone (its cell's first seed)."""
+    return next(train_cell([config], sweeper, {}, bar))
 
 
 def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_path: Path,
           bar=None, workers: int = 1) -> Counter:
     """Append one row per configuration not in `done`; counts rows by status.
 
-    `workers` configurations train at once, each in a worker process of its own (two
-    one-thread workers use both cores of a 2-core machine); rows are appended as they
-    finish, in the matrix's order when workers = 1. Shared by the serial run (below) and
-    each shard of a sharded one (harness.cluster).
+    `workers` cells train at once, each in a worker process of its own (two one-thread
+    workers use both cores of a 2-core machine); rows are appended as they finish, in the
+    matrix's order when workers = 1. Shared by the serial run (below) and each shard of a
+    sharded one (harness.cluster).
     """
-    todo = [c for c in configs if c.config_id not in done]
+    todo = [g for g in cells(configs) if any(c.config_id not in done for c in g)]
+    rows = {r["config_id"]: r for r in store.rows()} if todo else {}
+    known = {i: rows.get(i) for i in done}
     store.open()
     counts, lock = Counter(), threading.Lock()
     idle = queue.SimpleQueue()
@@ -208,22 +160,22 @@ def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_pat
     for s in sweepers:
         idle.put(s)
 
-    def one(config: TrainConfig) -> None:
+    def one(cell: list[TrainConfig]) -> None:
         sweeper = idle.get()
         try:
-            row = train_config(config, sweeper, bar)
+            for row in train_cell(cell, sweeper, known, bar):
+                with lock:
+                    store.append(row)
+                    counts[row["status"]] += 1
+                    if bar is not None:
+                        bar.update(1)
         finally:
             idle.put(sweeper)
-        with lock:
-            store.append(row)
-            counts[row["status"]] += 1
-            if bar is not None:
-                bar.update(1)
 
     try:
         if len(sweepers) == 1:
-            for config in todo:
-                one(config)
+            for cell in todo:
+                one(cell)
         else:
             with ThreadPoolExecutor(len(sweepers)) as pool:
                 for _ in pool.map(one, todo):  # re-raises a failure of the harness itself
@@ -236,9 +188,10 @@ def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_pat
 
 
 def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: bool,
-        workers: int = 1) -> Counter:
+        workers: int = 1, estimate_s: float | None = None) -> Counter:
     """Train every configuration not yet in the store (`workers` at once); returns the rows
-    written by status."""
+    written by status. `estimate_s` (the plan's, harness.train.estimate) is recorded in
+    the session beside its wall time."""
     done = store.done_ids() if resume else set()
     meta = store.read_meta() if resume else {}
     threads = configs[0].threads if configs else 1
@@ -252,7 +205,10 @@ def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: 
     meta.setdefault("sessions", []).append({"started": now(), "ended": None})
     meta.update({"matrix": matrix, "configs": len(configs), "ended": None})
     meta["sessions"][-1]["workers"] = workers
+    if estimate_s is not None:
+        meta["sessions"][-1]["estimate_s"] = round(estimate_s, 1)
     store.write_meta(meta)
+    began = time.monotonic()
     bar = tqdm(total=len(configs), initial=sum(c.config_id in done for c in configs),
                unit="config", file=sys.stderr, dynamic_ncols=True)
     try:
@@ -260,6 +216,7 @@ def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: 
     finally:
         bar.close()
         meta["sessions"][-1]["ended"] = meta["ended"] = now()
+        meta["sessions"][-1]["wall_s"] = round(time.monotonic() - began, 1)
         meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         store.write_meta(meta)
 

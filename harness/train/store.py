@@ -36,6 +36,10 @@ class TrainStore:
         """Configuration ids already in the file, after cutting off a partial last line."""
         return {r["config_id"] for r in CsvLog(self.csv_path, TRAIN_COLUMNS).rows(cut=True)}
 
+    def rows(self) -> list[dict]:
+        """The rows already in the file (strings, as read), after cutting a partial line."""
+        return list(CsvLog(self.csv_path, TRAIN_COLUMNS).rows(cut=True))
+
     def open(self) -> None:
         self._log = CsvLog(self.csv_path, TRAIN_COLUMNS)
         self._log.open()

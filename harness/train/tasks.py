@@ -71,32 +71,53 @@ REDRAWS = 20  # held-out redraws before a setting is declared too small to split
 
 
 def split(name: str, train_examples: int, test_examples: int, *, seed: int, seq_len: int,
-          vocab_size: int, **params) -> tuple[tuple[torch.Tensor, torch.Tensor],
-                                               tuple[torch.Tensor, torch.Tensor]]:
+          vocab_size: int, test_seed: int | None = None,
+          **params) -> tuple[tuple[torch.Tensor, torch.Tensor],
+                             tuple[torch.Tensor, torch.Tensor]]:
     """A configuration's ((train inputs, labels), (held-out inputs, labels)), disjoint.
 
     The training set is drawn with seed 2 seed, the held-out set with 2 seed + 1; a
     held-out example whose inputs equal a training example's is dropped and the held-out
     set topped up from further draws (seeds 2 seed + 1 + 2^40 r, r = 1, 2, ...), in order,
-    so the same arguments give the same sets. ValueError when REDRAWS draws do not give
-    enough: the setting has too few distinct examples for the two sets.
+    so the same arguments give the same sets. With another `test_seed` (a cell's later
+    seeds), the held-out set is exactly the one `seed=test_seed` gives, and the training
+    set of `seed` drops the examples that are in it instead, topped up from further draws
+    (2 seed + 2^40 r): every seed is scored on the same held-out set. ValueError when
+    REDRAWS draws do not give enough: the setting has too few distinct examples.
     """
     task = get(name)
     common = dict(seq_len=seq_len, vocab_size=vocab_size, **params)
+    if test_seed is not None and test_seed != seed:
+        _, held = split(name, train_examples, test_examples, seed=test_seed, **common)
+        train = _draw_avoiding(task, train_examples, 2 * seed, {tuple(r) for r in
+                                                               held[0].tolist()}, common)
+        if train is None:
+            raise ValueError(f"{name}: {REDRAWS + 1} draws of {train_examples} training "
+                             f"examples for seed {seed} did not avoid the held-out set")
+        return train, held
     train = task.generate(train_examples, seed=2 * seed, **common)
-    seen = {tuple(r) for r in train[0].tolist()}
+    held = _draw_avoiding(task, test_examples, 2 * seed + 1,
+                          {tuple(r) for r in train[0].tolist()}, common)
+    if held is None:
+        raise ValueError(f"{name}: {REDRAWS + 1} draws of {test_examples} held-out examples "
+                         f"gave too few not among the {train_examples} training examples: "
+                         "the setting has too few distinct examples")
+    return train, held
+
+
+def _draw_avoiding(task, n: int, seed: int, seen: set, common: dict):
+    """n examples from draws with seeds seed + 2^40 r (r = 0, 1, ...), in order, those whose
+    inputs are in `seen` dropped; None when REDRAWS further draws do not give n."""
     xs, ys, have = [], [], 0
     for r in range(REDRAWS + 1):
-        x, y = task.generate(test_examples, seed=2 * seed + 1 + (r << 40), **common)
+        x, y = task.generate(n, seed=seed + (r << 40), **common)
         keep = torch.tensor([tuple(row) not in seen for row in x.tolist()], dtype=torch.bool)
-        xs.append(x[keep][:test_examples - have])
-        ys.append(y[keep][:test_examples - have])
+        xs.append(x[keep][:n - have])
+        ys.append(y[keep][:n - have])
         have += len(xs[-1])
-        if have == test_examples:
-            return train, (torch.cat(xs), torch.cat(ys))
-    raise ValueError(f"{name}: {REDRAWS + 1} draws of {test_examples} held-out examples gave "
-                     f"{have} not among the {train_examples} training examples: the setting "
-                     f"has too few distinct examples")
+        if have == n:
+            return torch.cat(xs), torch.cat(ys)
+    return None
 
 
 # -- MQAR ------------------------------------------------------------------------------------

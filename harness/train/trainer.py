@@ -3,12 +3,16 @@
 AdamW (weight decay as configured, applied to every parameter as Zoology does), a linear
 warm-up over `warmup` x max_steps steps then cosine decay to 0 at max_steps, batches drawn
 in shuffled epochs of a fixed training set, the held-out set scored every `eval_every` steps
-and at the end; the run stops early once held-out accuracy reaches `early_stop`.
-Accuracy is the share of scored positions (labels != -100) whose arg-max prediction is the
-label. Everything random comes from the configuration's seed: the training set from
-2 seed, the held-out set from 2 seed + 1 with any example also in the training set
-replaced by a further draw (tasks.split: the two are disjoint), the initial weights and
-the batch order from seed. On the same threads, the same configuration and rate give
+and at the end. A run stops once held-out accuracy reaches `early_stop`, or once it has
+settled (`settled`: no gain above `settle_margin` in held-out accuracy, nor a relative fall
+above it in held-out loss, over its last `settle_window` steps, in a run at least twice
+that long), or at max_steps, the cap. A run can be paused and
+resumed (`Run.advance`, the race of learning rates: harness.train.race): its numbers are
+those of one uninterrupted run. Accuracy is the share of scored positions
+(labels != -100) whose arg-max prediction is the label. Everything random comes from the
+configuration's seeds: the held-out set from the cell's first seed s0 (2 s0 + 1), the
+training set from this seed s (2 s), the two disjoint (tasks.split), the initial weights
+and the batch order from s. On the same threads, the same configuration and rate give
 the same numbers.
 """
 
@@ -37,12 +41,13 @@ def datasets(config: TrainConfig) -> tuple[tuple[torch.Tensor, torch.Tensor],
                                           tuple[torch.Tensor, torch.Tensor]]:
     """((train inputs, labels), (held-out inputs, labels)) of a configuration, cached."""
     key = (config.task, config.task_params, config.seq_len, config.vocab_size,
-           config.train_examples, config.test_examples, config.seed)
+           config.train_examples, config.test_examples, config.seed, config.seeds[0])
     if key not in _DATA:
         _DATA.clear()
         _DATA[key] = tasks.split(config.task, config.train_examples, config.test_examples,
-                                 seed=config.seed, seq_len=config.seq_len,
-                                 vocab_size=config.vocab_size, **config.task_param_dict)
+                                 seed=config.seed, test_seed=config.seeds[0],
+                                 seq_len=config.seq_len, vocab_size=config.vocab_size,
+                                 **config.task_param_dict)
     return _DATA[key]
 
 
@@ -62,19 +67,29 @@ def schedule(step: int, max_steps: int, warmup: float) -> float:
 
 
 @torch.no_grad()
-def accuracy(model: RecallModel, inputs: torch.Tensor, labels: torch.Tensor,
-             device: torch.device) -> float:
-    """Share of the scored positions predicted right (arg-max over the vocabulary)."""
+def evaluate(model: RecallModel, inputs: torch.Tensor, labels: torch.Tensor,
+             device: torch.device) -> tuple[float, float]:
+    """(accuracy, loss) on a held-out set: the share of the scored positions predicted
+    right (arg-max over the vocabulary), and the mean cross-entropy there."""
     was = model.training
     model.eval()
     right = total = 0
+    nll = 0.0
     for s in range(0, len(inputs), EVAL_BATCH):
         x, y = inputs[s:s + EVAL_BATCH].to(device), labels[s:s + EVAL_BATCH].to(device)
         where = y != tasks.IGNORE
-        right += int((model(x, where).argmax(-1) == y[where]).sum())
+        logits = model(x, where)
+        right += int((logits.argmax(-1) == y[where]).sum())
+        nll += float(F.cross_entropy(logits, y[where], reduction="sum"))
         total += int(where.sum())
     model.train(was)
-    return right / max(total, 1)
+    return right / max(total, 1), nll / max(total, 1)
+
+
+def accuracy(model: RecallModel, inputs: torch.Tensor, labels: torch.Tensor,
+             device: torch.device) -> float:
+    """Share of the scored positions predicted right (arg-max over the vocabulary)."""
+    return evaluate(model, inputs, labels, device)[0]
 
 
 def still_rising(history: list, early_stop: float, margin: float = RISE_MARGIN) -> bool | None:
@@ -92,67 +107,166 @@ def still_rising(history: list, early_stop: float, margin: float = RISE_MARGIN) 
     return accs[-1] > max(accs[:-2]) + margin
 
 
-def train(config: TrainConfig, lr: float) -> dict:
-    """Train one model at one learning rate; returns the result fields of that run.
+def settled(history: list, window: int, margin: float, early_stop: float,
+            losses: list | None = None) -> bool:
+    """Whether a run whose held-out evaluations are `history` [[step, accuracy], ...] has
+    settled: it reached `early_stop`, or it has run at least 2 x `window` steps, the best
+    accuracy of its last `window` steps is no more than `margin` above the best before
+    them, and (with `losses`, the held-out loss at each evaluation) the least held-out
+    loss of those steps is no more than `margin` (relative) below the least before. A
+    plateau shorter than the window is never settled: the window then still holds the
+    gain into it (or the run is too short); nor is one on which the held-out loss still
+    falls, as it does on MQAR's plateau before the sudden rise (where the held-out
+    accuracy sits at what the short convolution alone answers); a run flat in both for
+    longer than the window is. The window is in steps, not evaluations; the extrema on
+    both sides carry the evaluations' noise alike. Held-out loss, not training loss: a
+    model that memorises its training set keeps lowering the one, not the other."""
+    if not history:
+        return False
+    if max(a for _, a in history) >= early_stop:
+        return True
+    last = history[-1][0]
+    if window < 1 or last < 2 * window:
+        return False
+    before = [a for s, a in history if s <= last - window]
+    inside = [a for s, a in history if s > last - window]
+    if not (before and inside and max(inside) <= max(before) + margin):
+        return False
+    if not losses or any(v is None for _, v in losses):
+        return True
+    lost_before = [v for s, v in losses if s <= last - window]
+    lost_inside = [v for s, v in losses if s > last - window]
+    return bool(lost_before) and bool(lost_inside) and \
+        min(lost_inside) >= (1 - margin) * min(lost_before)
 
-    status "ok" with: accuracy (best held-out), steps and time_to_best_s (when the best was
-    reached), steps_to_0_9 (first evaluation at >= 0.9, else None), step_ms (median time of
-    a training step: forward, backward, optimiser), final_loss (mean training loss since the
-    previous evaluation), train_s (the run's wall time), steps_run, n_params, history
-    [[step, accuracy], ...], rising (still_rising of that history). status "nonfinite" when
-    the training loss turns NaN or Inf.
+
+class Run:
+    """One training run of a configuration at one rate, advanced in segments.
+
+    `advance(until)` trains to step `until` (at most max_steps) unless the run stops
+    sooner, and returns the run's result so far (`result`). Between segments the run keeps
+    its model, optimiser, schedule, batch order and the process's torch random state, so
+    a run advanced 0 -> 200 -> 400 gives the numbers of one advanced 0 -> 400.
     """
-    torch.set_num_threads(config.threads)
-    device = torch.device(config.device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    (train_x, train_y), (test_x, test_y) = datasets(config)
-    train_x, train_y = train_x.to(device), train_y.to(device)  # once, not per step
-    model = build_model(config).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: schedule(s, config.max_steps, config.warmup))
-    order = torch.Generator().manual_seed(config.seed)
-    perm, at = torch.randperm(len(train_x), generator=order), 0
-    best = (-1.0, 0, 0.0)  # accuracy, step, seconds
-    to_0_9, history, losses, step_s = None, [], [], []
-    start = time.perf_counter()
-    step = 0
-    for step in range(1, config.max_steps + 1):
-        if at + config.batch > len(perm):  # a new epoch, reshuffled
-            perm, at = torch.randperm(len(train_x), generator=order), 0
-        idx = perm[at:at + config.batch].to(device)
-        at += config.batch
-        x, y = train_x[idx], train_y[idx]
-        sync()
+
+    def __init__(self, config: TrainConfig, lr: float):
+        torch.set_num_threads(config.threads)
+        self.config, self.lr = config, lr
+        self.device = device = torch.device(config.device)
+        self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" \
+            else (lambda: None)
+        (train_x, train_y), (self.test_x, self.test_y) = datasets(config)
+        self.train_x, self.train_y = train_x.to(device), train_y.to(device)  # once
+        self.model = build_model(config).to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr,
+                                     weight_decay=config.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: schedule(s, config.max_steps, config.warmup))
+        self.order = torch.Generator().manual_seed(config.seed)
+        self.perm, self.at = torch.randperm(len(self.train_x), generator=self.order), 0
+        self.rng = torch.get_rng_state()
+        self.best = (-1.0, 0, 0.0)  # accuracy, step, seconds
+        self.to_0_9, self.history, self.losses, self.step_s = None, [], [], []
+        self.held_out_loss = []  # [[step, held-out loss], ...]
+        self.final_loss, self.step, self.seconds = None, 0, 0.0
+        self.stopped = None  # "early_stop", "settled", "cap" or "nonfinite" once it ends
+        self.failure = ""
+
+    @property
+    def done(self) -> bool:
+        return self.stopped is not None
+
+    def advance(self, until: int) -> dict:
+        """Train to step `until` (or until the run stops); the result so far."""
+        c = self.config
+        until = min(until, c.max_steps)
+        rng = torch.get_rng_state()
+        torch.set_rng_state(self.rng)  # this run's random state, whatever ran between
+        start = time.perf_counter() - self.seconds
+        try:
+            while not self.done and self.step < until:
+                self._one_step()
+                if self.done:
+                    break
+                step = self.step
+                if step % c.eval_every == 0 or step == c.max_steps:
+                    self._evaluate(time.perf_counter() - start)
+        finally:
+            self.seconds = time.perf_counter() - start
+            self.rng = torch.get_rng_state()
+            torch.set_rng_state(rng)
+        return self.result()
+
+    def _one_step(self) -> None:
+        c = self.config
+        if self.at + c.batch > len(self.perm):  # a new epoch, reshuffled
+            self.perm, self.at = torch.randperm(len(self.train_x), generator=self.order), 0
+        idx = self.perm[self.at:self.at + c.batch].to(self.device)
+        self.at += c.batch
+        x, y = self.train_x[idx], self.train_y[idx]
+        self.sync()
         t0 = time.perf_counter()
         where = y != tasks.IGNORE
-        loss = F.cross_entropy(model(x, where), y[where])
-        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.model(x, where), y[where])
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
-        sched.step()
-        sync()
-        step_s.append(time.perf_counter() - t0)
+        self.opt.step()
+        self.sched.step()
+        self.sync()
+        self.step_s.append(time.perf_counter() - t0)
+        self.step += 1
         value = float(loss.detach())
         if not math.isfinite(value):
-            return {"status": "nonfinite",
-                    "reason": f"training loss is {value} at step {step} (lr={lr:g})",
-                    "steps_run": step, "train_s": time.perf_counter() - start}
-        losses.append(value)
-        if step % config.eval_every == 0 or step == config.max_steps:
-            acc = accuracy(model, test_x, test_y, device)
-            history.append([step, acc])
-            elapsed = time.perf_counter() - start
-            if acc > best[0]:
-                best = (acc, step, elapsed)
-            if to_0_9 is None and acc >= 0.9:
-                to_0_9 = step
-            final_loss, losses = statistics.fmean(losses), []
-            if acc >= config.early_stop:
-                break
-    return {"status": "ok", "reason": "", "accuracy": best[0], "steps": best[1],
-            "time_to_best_s": best[2], "steps_to_0_9": to_0_9,
-            "step_ms": 1e3 * statistics.median(step_s), "final_loss": final_loss,
-            "train_s": time.perf_counter() - start, "steps_run": step,
-            "n_params": model.n_params(), "history": history,
-            "rising": still_rising(history, config.early_stop)}
+            self.stopped = "nonfinite"
+            self.failure = f"training loss is {value} at step {self.step} (lr={self.lr:g})"
+            return
+        self.losses.append(value)
+
+    def _evaluate(self, elapsed: float) -> None:
+        c = self.config
+        acc, loss = evaluate(self.model, self.test_x, self.test_y, self.device)
+        self.history.append([self.step, acc])
+        self.held_out_loss.append([self.step, loss])
+        if acc > self.best[0]:
+            self.best = (acc, self.step, elapsed)
+        if self.to_0_9 is None and acc >= 0.9:
+            self.to_0_9 = self.step
+        self.final_loss, self.losses = statistics.fmean(self.losses), []
+        if acc >= c.early_stop:
+            self.stopped = "early_stop"
+        elif settled(self.history, c.settle_window, c.settle_margin, c.early_stop,
+                     self.held_out_loss):
+            self.stopped = "settled"
+        elif self.step >= c.max_steps:
+            self.stopped = "cap"
+
+    def result(self) -> dict:
+        """status "ok" with: accuracy (best held-out), steps and time_to_best_s (when the
+        best was reached), steps_to_0_9 (first evaluation at >= 0.9, else None), step_ms
+        (median time of a training step: forward, backward, optimiser), final_loss (mean
+        training loss since the previous evaluation), train_s (the run's wall time),
+        steps_run, n_params, history [[step, accuracy], ...], held_out_loss [[step, loss],
+        ...], rising (still_rising of that history), settled (the settling rule on both),
+        stopped (early_stop,
+        settled, cap, or None while it may go on). status "nonfinite" when the training
+        loss turned NaN or Inf."""
+        if self.stopped == "nonfinite":
+            return {"status": "nonfinite", "reason": self.failure, "steps_run": self.step,
+                    "train_s": self.seconds}
+        c = self.config
+        return {"status": "ok", "reason": "", "accuracy": self.best[0], "steps": self.best[1],
+                "time_to_best_s": self.best[2], "steps_to_0_9": self.to_0_9,
+                "step_ms": 1e3 * statistics.median(self.step_s) if self.step_s else None,
+                "final_loss": self.final_loss, "train_s": self.seconds,
+                "steps_run": self.step, "n_params": self.model.n_params(),
+                "history": self.history, "held_out_loss": self.held_out_loss,
+                "rising": still_rising(self.history, c.early_stop),
+                "settled": settled(self.history, c.settle_window, c.settle_margin,
+                                   c.early_stop, self.held_out_loss),
+                "stopped": self.stopped}
+
+
+def train(config: TrainConfig, lr: float) -> dict:
+    """Train one model at one learning rate to its end (early_stop, settled or the cap);
+    Run.result's fields."""
+    return Run(config, lr).advance(config.max_steps)

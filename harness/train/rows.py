@@ -1,0 +1,140 @@
+"""What a train.csv row says: the descriptive columns of a configuration (its state, the
+reach of a fixed key pattern, the reasons it cannot train here), and the outcome of its
+runs at one seed (`combine`: the best rate, the flags that tell a fair sweep from an
+unfinished one)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from harness.measure.rows import NO_CUDA
+from harness.train import tasks, trainer
+from harness.train.matrix import TrainConfig
+from harness.train.model import CONV_KERNEL
+
+CONV_REACH = CONV_KERNEL - 1  # the short convolution reads this many positions back
+
+STATE_DTYPE = torch.float32  # the trained model's dtype: state_bytes = state_size x 4
+# When no rate ran ok, the row takes the most telling failure: an error is a bug to read,
+# a non-finite loss an outcome of training.
+_SEVERITY = ("error", "oom", "timeout", "nonfinite")
+_BEST_FIELDS = ("accuracy", "steps", "time_to_best_s", "steps_to_0_9", "step_ms",
+                "final_loss", "n_params", "rising", "settled", "steps_run")
+
+
+def lr_at_edge(lrs, best_lr: float, accuracy: float, early_stop: float) -> bool:
+    """Whether the winning rate may not be the best one: it is the smallest or the largest
+    of the rates swept (`lrs`, every rate configured, run or not), so a rate outside the
+    range might do better. False when the winning run reached early_stop: nothing could
+    rank it higher, so a row that stopped at the first rate it tried is never at the edge,
+    whichever rate that was. A sweep of one rate is at the edge unless it reached
+    early_stop."""
+    if accuracy >= early_stop:
+        return False
+    return best_lr in (min(lrs), max(lrs))
+
+
+def state_elements(config: TrainConfig, module) -> int | None:
+    """The model's state per example: layers x heads x the variant's `state_size(N, D)` at
+    the head dimension D = d_model / heads (Based's "state size": what a decoder keeps for
+    every layer's heads). The same number on non-causal rows, where it is what one query
+    reads (Linformer 2 k D, Nystrom 2 m D: the compressed keys and values). None where the
+    variant does not say."""
+    state = module.state_size(config.seq_len, config.head_dim)
+    return None if state is None else config.layers * config.heads * state
+
+
+def config_row(config: TrainConfig, module) -> dict:
+    """The descriptive columns of a configuration (everything but the training's outcome)."""
+    state = state_elements(config, module)
+    task = tasks.get(config.task)
+    return {"config_id": config.config_id, "task": config.task,
+            "task_params": config.task_params, "variant": config.variant,
+            "family": module.family, "params": config.params, "seq_len": config.seq_len,
+            "num_kv_pairs": config.task_param_dict.get("num_kv_pairs"),
+            "vocab_size": config.vocab_size, "causal": config.causal,
+            "d_model": config.d_model, "layers": config.layers, "heads": config.heads,
+            "mlp": config.mlp, "batch": config.batch, "max_steps": config.max_steps,
+            "device": config.device, "seed": config.seed, "threads": config.threads,
+            "state_size": state,
+            "state_bytes": None if state is None else state * STATE_DTYPE.itemsize,
+            "lrs": json.dumps(list(config.lrs)),
+            "chance": task.chance(config.seq_len, config.vocab_size, **config.task_param_dict),
+            "reach": reach(config, module)}
+
+
+def reach(config: TrainConfig, module) -> float | None:
+    """For a one-layer model whose variant attends over a fixed key pattern (its `key_mask`:
+    windows, block layouts), the share of held-out queries whose answer it can read: the
+    pattern seen from the query holds a position where the short convolution has put the
+    answer together with its key, the answer's own position or the next one (kernel 3:
+    position j carries tokens j-2..j, and the key sits just before its answer). The other
+    queries it can only guess. None for other variants (no pattern, or more layers, which
+    can relay)."""
+    mask = module.key_mask(config.seq_len) if config.layers == 1 else None
+    if mask is None:
+        return None
+    task = tasks.get(config.task)
+    _, (inputs, labels) = trainer.datasets(config)  # the held-out set the trainer scores
+    at = task.answer_at(inputs, labels, **config.task_param_dict)
+    rows, cols = (at >= 0).nonzero(as_tuple=True)
+    if len(rows) == 0:
+        return None
+    N = config.seq_len
+    seen = mask(torch.arange(N), torch.arange(N))  # (N, N): query i sees key j
+    if config.causal:
+        seen = seen & torch.ones(N, N, dtype=torch.bool).tril()
+    answer = at[rows, cols]
+    carried = torch.zeros(len(rows), dtype=torch.bool)
+    for shift in range(CONV_REACH):  # positions answer .. answer + K - 2 hold key and answer
+        j = (answer + shift).clamp(max=N - 1)
+        carried |= seen[cols, j] & (answer + shift < N)
+    return float(carried.float().mean())
+
+
+def skip_reasons(config: TrainConfig, module) -> list[str]:
+    """Reasons, declared before running, that the variant cannot be trained here."""
+    reasons = [NO_CUDA] if config.device == "cuda" and not torch.cuda.is_available() else []
+    return reasons + module.unsupported_reasons(
+        device=config.device, dtype=torch.float32, causal=config.causal,
+        seq_len=config.seq_len, head_dim=config.head_dim, backward=True)
+
+
+def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
+    """One row's outcome from a cell's runs at this seed [(lr, last result, wall seconds
+    of all its segments), ...] in the order first run: the best accuracy (of equals, the
+    run that went furthest, then the first)."""
+    ok = [(lr, r) for lr, r, _ in runs if r["status"] == "ok"]
+    notes = [f"lr={lr:g}: {r['status']}: {r['reason']}" for lr, r, _ in runs
+             if r["status"] != "ok"]
+    ran = {lr for lr, _, _ in runs}
+    untried = [f"{lr:g}" for lr in config.lrs if lr not in ran]
+    if untried and ok and max(r["accuracy"] for _, r in ok) >= config.early_stop:
+        first = next(lr for lr, r in ok if r["accuracy"] >= config.early_stop)
+        notes.append(f"lr={', '.join(untried)} not run: lr={first:g} reached "
+                     f"early_stop={config.early_stop:g}")
+    elif untried and config.first_seed:
+        notes.append(f"lr={', '.join(untried)} not run")
+    cut = [f"{lr:g} at step {r['steps_run']}" for lr, r in ok  # paused by the race
+           if "stopped" in r and r["stopped"] is None and r is not max(ok, key=_rank)[1]]
+    if cut:
+        notes.append(f"raced: lr={', '.join(cut)} cut")
+    out = {"train_s": sum(w for _, _, w in runs),
+           "lr_accuracy": json.dumps({f"{lr:g}": round(r["accuracy"], 5) if r["status"] == "ok"
+                                      else r["status"] for lr, r, _ in runs})}
+    if not ok:
+        statuses = [r["status"] for _, r, _ in runs]
+        status = min(statuses, key=lambda s: _SEVERITY.index(s) if s in _SEVERITY else -1)
+        return {**out, "status": status, "reason": "; ".join(notes)}
+    lr, best = max(ok, key=_rank)
+    return {**out, "status": "ok", "reason": "; ".join(notes), "best_lr": lr,
+            **{k: best.get(k) for k in _BEST_FIELDS},
+            "lr_at_edge": lr_at_edge(config.lrs, lr, best["accuracy"], config.early_stop)}
+
+
+def _rank(pair: tuple[float, dict]) -> tuple:
+    """Best accuracy first; of equal accuracies the run that went furthest; max() keeps
+    the first of full ties."""
+    return pair[1]["accuracy"], pair[1].get("steps_run") or 0

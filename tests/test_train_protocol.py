@@ -1,0 +1,344 @@
+"""The training protocol (issue 34): runs that go on until they settle, seeds, the race of
+learning rates, the estimate's probe, and the protocol presets' plans.
+
+Planted bugs these catch (each planted and seen failing): the settling window counted in
+evaluations, or as the last two evaluations (`rising`'s), or without the run at least
+twice the window; a plateau on which the held-out loss still falls called settled; a run that settles not stopping, or one that reaches early_stop marked
+unsettled; a paused run that reshuffles its batches when continued (a race that is not
+one long run); a later seed's held-out set drawn from its own seed, or its training set
+overlapping the held-out set, or seeds sharing initial weights or batch order; the race
+cutting by the sweep's order (or not at all) among rates tied on MQAR's plateau, keeping
+the worse half, or not doubling its budget; a later seed raced again instead of trained at
+the first seed's rate; the probe timing the warm-up or a rate of another cell; a protocol
+preset whose plan outgrows 90 minutes on two workers, or with fewer than two seeds.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import time
+
+import pytest
+import torch
+
+from harness.train import estimate, race, runner, trainer
+from harness.train import matrix as tm
+from harness.train.matrix import TrainConfig
+from harness.train.model import RecallModel
+
+MQAR2 = json.dumps({"num_kv_pairs": 2, "power_a": 0.01, "random_non_queries": False},
+                   sort_keys=True)
+
+
+def _config(*, max_steps=40, eval_every=5, settle_window=10, lrs=(1e-2,), seeds=(3,),
+            seed=None, race_steps=0, early_stop=0.99) -> TrainConfig:
+    return TrainConfig("mqar", MQAR2, "sdpa", "{}", 16, 16, True, 16, 1, 1, False, tuple(lrs),
+                       8, max_steps, 0.1, 0.1, eval_every, early_stop, 64, 40,
+                       seeds[0] if seed is None else seed, "cpu", 1, 60.0, 0, tuple(seeds),
+                       settle_window, 0.02, race_steps)
+
+
+def _history(accs, every=50):
+    return [[every * (i + 1), a] for i, a in enumerate(accs)]
+
+
+# -- the settling rule ---------------------------------------------------------------------
+
+W = 400  # the window, in steps; evaluations every 50
+
+
+def _plateau_then(after):
+    """MQAR-like: chance to step 600, a jump to 0.3 at 650, the plateau, then `after`
+    from step 1050 (the plateau 650..1000: 350 steps, shorter than the window)."""
+    return _history([0.03] * 12 + [0.3] * 8 + after)
+
+
+def test_a_plateau_shorter_than_the_window_then_a_rise_is_not_settled_during_it():
+    h = _plateau_then([0.6, 0.9, 0.95])
+    during = [s for s, _ in h if 650 <= s <= 1000]
+    for step in during:  # the window still holds the jump into the plateau
+        upto = [e for e in h if e[0] <= step]
+        assert trainer.settled(upto, W, 0.02, 0.99) is False, step
+    assert trainer.settled(h, W, 0.02, 0.99) is False  # rising at the end
+
+
+def test_a_run_flat_for_longer_than_the_window_has_settled():
+    h = _plateau_then([0.3, 0.3])  # flat from 650 to 1100
+    assert trainer.settled([e for e in h if e[0] <= 1000], W, 0.02, 0.99) is False
+    assert trainer.settled([e for e in h if e[0] <= 1050], W, 0.02, 0.99) is True
+    noisy = _history([0.5, 0.51, 0.49, 0.5, 0.515, 0.5, 0.495, 0.51, 0.5, 0.505,
+                      0.5, 0.49, 0.51, 0.5, 0.505, 0.5, 0.5])  # 850 steps, wobbles < 0.02
+    assert trainer.settled(noisy, W, 0.02, 0.99) is True
+
+
+def test_settling_needs_a_run_twice_the_window_and_early_stop_settles():
+    flat = _history([0.1] * 15)  # flat from the first evaluation, 750 steps < 2 W
+    assert trainer.settled(flat, W, 0.02, 0.99) is False
+    assert trainer.settled(_history([0.1] * 16), W, 0.02, 0.99) is True  # 800 = 2 W
+    assert trainer.settled(_history([0.2, 0.995]), W, 0.02, 0.99) is True
+    assert trainer.settled([], W, 0.02, 0.99) is False
+
+
+def test_a_plateau_on_which_the_held_out_loss_still_falls_has_not_settled():
+    """Measured here (train-cpu's gla at 2 heads, lr 3.2e-3): held-out accuracy flat at
+    0.14-0.155 from step 300 to 1,000 while the held-out loss fell from 2.47 (step 400) to
+    2.27 (800). Flat accuracy with the loss still falling goes on; with a flat or rising
+    loss (a model that memorises its training set) it has settled."""
+    h = _history([0.14] * 20)  # steps 50 .. 1000
+    falling = [[s, 2.5 - s / 2000] for s, _ in h]  # 2.2 at 600, 2.0 at 1000: 9% over W
+    assert trainer.settled(h, W, 0.02, 0.99, falling) is False
+    flat = [[s, 2.3 + 0.01 * (i % 2)] for i, (s, _) in enumerate(h)]
+    assert trainer.settled(h, W, 0.02, 0.99, flat) is True
+    overfit = [[s, 2.0 + s / 2000] for s, _ in h]
+    assert trainer.settled(h, W, 0.02, 0.99, overfit) is True
+    assert trainer.settled(h, W, 0.02, 0.99, [[s, None] for s, _ in h]) is True  # unknown
+
+
+def _scripted(monkeypatch, accuracies):
+    it = iter(accuracies)
+    monkeypatch.setattr(trainer, "evaluate", lambda *a: (next(it), None))  # no loss
+
+
+def test_a_run_stops_when_settled_and_says_so(monkeypatch):
+    """Evaluations every 5 steps, window 10: flat from the first, settled at step 20."""
+    _scripted(monkeypatch, [0.4] * 8)
+    r = trainer.train(_config(), 1e-3)
+    assert (r["stopped"], r["settled"], r["steps_run"]) == ("settled", True, 20)
+    _scripted(monkeypatch, [0.1 * i for i in range(1, 9)])  # climbing to the cap
+    r = trainer.train(_config(), 1e-3)
+    assert (r["stopped"], r["settled"], r["steps_run"]) == ("cap", False, 40)
+    _scripted(monkeypatch, [0.5, 0.995])
+    r = trainer.train(_config(), 1e-3)
+    assert (r["stopped"], r["settled"], r["steps_run"]) == ("early_stop", True, 10)
+
+
+def test_a_run_continued_in_segments_is_one_run():
+    """The race pauses and continues runs, with other runs in between: the numbers must be
+    those of one uninterrupted run."""
+    cfg = _config(max_steps=30, settle_window=100)
+    whole = trainer.Run(cfg, 3e-3).advance(30)
+    a, other = trainer.Run(cfg, 3e-3), trainer.Run(cfg, 1e-2)
+    a.advance(10)
+    other.advance(20)
+    a.advance(20)
+    parts = a.advance(30)
+    assert parts["history"] == whole["history"] and parts["final_loss"] == whole["final_loss"]
+    assert parts["held_out_loss"] == whole["held_out_loss"]
+    assert parts["steps_run"] == 30
+
+
+# -- seeds ---------------------------------------------------------------------------------
+
+def test_seeds_differ_in_initialisation_and_data_order_but_share_the_held_out_set():
+    first, later = _config(seeds=(3, 5)), _config(seeds=(3, 5), seed=5)
+    assert first.cell_id == later.cell_id and first.config_id != later.config_id
+    assert first.first_seed and not later.first_seed
+    (x0, _), (t0, y0) = trainer.datasets(first)
+    (x1, _), (t1, y1) = trainer.datasets(later)
+    assert torch.equal(t0, t1) and torch.equal(y0, y1)  # one held-out set
+    assert not torch.equal(x0, x1)  # another training set
+    held = {tuple(r) for r in t1.tolist()}
+    assert not any(tuple(r) in held for r in x1.tolist())  # still disjoint from it
+    w0 = trainer.build_model(first).state_dict()
+    w1 = trainer.build_model(later).state_dict()
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)
+    r0, r1 = trainer.Run(first, 1e-3), trainer.Run(later, 1e-3)
+    assert not torch.equal(r0.perm, r1.perm)
+    # alone, seed 5 is a configuration of its own, with its own held-out set
+    (_, _), (t5, _) = trainer.datasets(_config(seeds=(5,)))
+    assert not torch.equal(t5, t1)
+
+
+def test_a_seed_list_expands_to_one_configuration_per_seed_of_each_cell(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text('variants = ["sdpa", "linear"]\nseq_lens = [16]\nnum_kv_pairs = 2\n'
+                    'vocab_size = 16\nseed = [4, 2]\n')
+    _, configs = tm.load(str(path))
+    assert [(c.variant, c.seed) for c in configs] == [("sdpa", 4), ("sdpa", 2),
+                                                      ("linear", 4), ("linear", 2)]
+    assert {c.seeds for c in configs} == {(4, 2)}
+    assert [len(g) for g in runner.cells(configs)] == [2, 2]
+    path.write_text('variants = ["sdpa"]\nseed = [1, 1]\n')
+    with pytest.raises(Exception, match="distinct"):
+        tm.load(str(path))
+
+
+class _Fake:
+    """A sweeper whose runs follow planted curves: accuracy and loss at each step."""
+
+    def __init__(self, curves, step=25):
+        self.curves, self.calls, self.step = curves, [], step
+
+    def result(self, config, lr, until):
+        acc_at, loss_at = self.curves[(config.seed, lr)]
+        until = config.max_steps if until is None else until
+        accs = [acc_at(s) for s in range(self.step, until + 1, self.step)]
+        best = max(accs)
+        stopped = "early_stop" if best >= config.early_stop else \
+            ("cap" if until >= config.max_steps else None)
+        return {"status": "ok", "reason": "", "accuracy": best, "steps": until,
+                "steps_run": until, "final_loss": loss_at(until), "step_ms": 1.0,
+                "stopped": stopped, "settled": stopped == "early_stop", "rising": False}
+
+    def run(self, config, lr, until=None):
+        self.calls.append((config.seed, lr, until))
+        return self.result(config, lr, until), 1.0
+
+
+def test_later_seeds_train_once_at_the_rate_the_first_seeds_race_picked():
+    cfgs = [_config(lrs=(1e-3, 1e-2), seeds=(0, 1, 2), seed=s, max_steps=100,
+                    race_steps=25) for s in (0, 1, 2)]
+    flat = (lambda s: 0.2, lambda s: 1.0)
+    good = (lambda s: 0.5 + s / 1000, lambda s: 0.5)
+    curves = {(0, 1e-3): flat, (0, 1e-2): good, (1, 1e-2): good, (2, 1e-2): flat}
+    fake = _Fake(curves)
+    rows = list(runner.train_cell(cfgs, fake, {}))
+    assert [r["seed"] for r in rows] == [0, 1, 2]
+    assert [r["best_lr"] for r in rows] == [1e-2] * 3
+    assert [c for c in fake.calls if c[0] != 0] == [(1, 1e-2, None), (2, 1e-2, None)]
+    assert json.loads(rows[2]["lr_accuracy"]) == {"0.01": 0.2}
+    # resumed with the first seed's row done: no race again, its rate read from the row
+    fake = _Fake(curves)
+    done = {cfgs[0].config_id: {**rows[0], "best_lr": "0.01"}}
+    again = list(runner.train_cell(cfgs, fake, done))
+    assert [r["seed"] for r in again] == [1, 2] and [c[0] for c in fake.calls] == [1, 2]
+
+
+# -- the race ------------------------------------------------------------------------------
+
+def _curve(plateau_until, top, loss):
+    """0.14 (MQAR's plateau) until `plateau_until`, then a climb to `top` over 200 steps;
+    training loss `loss(step)`."""
+    def acc(s):
+        return 0.14 if s <= plateau_until else min(top, 0.14 + (top - 0.14) *
+                                                    (s - plateau_until) / 200)
+    return acc, loss
+
+
+# Four rates. At the first budget (100 steps) 3e-3 has left MQAR's plateau (on its way to
+# 0.6) and the other three sit on it, tied; of those, the one about to rise (1e-3, to 0.97,
+# last in the sweep's order) already has the lowest training loss. At 200 it leads.
+PLANTED = {
+    3e-3: _curve(50, 0.6, lambda s: 2.0 - s / 2000),
+    1e-3: _curve(100, 0.97, lambda s: 1.8 - s / 1000),
+    1e-2: _curve(10_000, 0.14, lambda s: 2.5),
+    3.2e-4: _curve(10_000, 0.14, lambda s: 2.2),
+}
+
+
+def _race(curves, lrs, first=100, cap=800):
+    ran: dict[float, int] = {}
+    cfg = _config(lrs=lrs, max_steps=cap)
+    fake = _Fake({(cfg.seed, lr): c for lr, c in curves.items()})
+
+    def advance(lr, until):
+        ran[lr] = until
+        return fake.result(cfg, lr, until)
+
+    out = race.race(lrs, advance, first=first, cap=cap, early_stop=0.99, margin=0.02)
+    full = {lr: fake.result(cfg, lr, cap)["accuracy"] for lr in lrs}
+    return dict(out), ran, max(full, key=full.get)
+
+
+def test_the_race_keeps_the_rate_a_full_sweep_picks():
+    lrs = (3e-3, 1e-2, 3.2e-4, 1e-3)
+    out, ran, full_pick = _race(PLANTED, lrs)
+    assert full_pick == 1e-3
+    best = max(out, key=lambda lr: out[lr]["accuracy"])
+    assert best == full_pick and out[best]["accuracy"] == pytest.approx(0.97)
+    # successive halving: 4 rates to 100, 2 to 200, the last to the cap
+    assert ran == {3e-3: 200, 1e-3: 800, 1e-2: 100, 3.2e-4: 100}
+    assert sum(ran.values()) <= 800 + 4 * 100  # about one long run, not four
+    row = runner.combine(_config(lrs=lrs), [(lr, r, 1.0) for lr, r in out.items()])
+    assert row["best_lr"] == 1e-3 and list(json.loads(row["lr_accuracy"])) == [
+        "0.003", "0.01", "0.00032", "0.001"]
+    assert "raced" in row["reason"]
+
+
+def test_a_clear_leader_is_kept_and_early_stop_ends_the_race():
+    curves = {1e-3: _curve(0, 0.995, lambda s: 1.0), 3e-3: _curve(0, 0.5, lambda s: 0.5),
+              1e-2: _curve(0, 0.3, lambda s: 0.1)}
+    out, ran, _ = _race(curves, (3e-3, 1e-2, 1e-3), first=100)
+    assert out[1e-3]["accuracy"] >= 0.99 and ran[1e-3] == 200  # rung two, then stop
+    out, ran, _ = _race({1e-3: curves[1e-3], 3e-3: curves[3e-3]}, (1e-3, 3e-3), first=300)
+    assert list(ran) == [1e-3]  # the first reached early_stop: the second never ran
+
+
+# -- the estimate --------------------------------------------------------------------------
+
+def test_the_plan_counts_the_race_and_the_later_seeds():
+    first = _config(lrs=(1, 2, 3, 4), max_steps=800, race_steps=100, seeds=(0, 1))
+    later = dataclasses.replace(first, seed=1)
+    assert estimate.planned_steps(first) == 4 * 100 + 2 * 100 + (800 - 200)
+    assert estimate.planned_steps(later) == 800
+    one = _config(lrs=(1e-3,), max_steps=400)
+    assert estimate.planned_steps(one) == 400
+    eight = _config(lrs=tuple(range(1, 9)), max_steps=800, race_steps=100)
+    assert estimate.planned_steps(eight) == 8 * 100 + 4 * 100 + 2 * 200 + (800 - 400)
+
+
+def test_the_probe_times_the_configurations_own_step(monkeypatch):
+    """A model made 40 ms slower a step, and 300 ms slower in its warm-up steps: the probe
+    sees the 40, and the estimate is steps x that (plus evaluations and the worker's
+    start)."""
+    forward = RecallModel.forward
+    calls = []
+
+    def slow(self, *a, **k):
+        calls.append(self.training)
+        if self.training:
+            time.sleep(0.3 if len(calls) <= estimate.PROBE_WARMUP else 0.04)
+        return forward(self, *a, **k)
+
+    monkeypatch.setattr(RecallModel, "forward", slow)
+    estimate._PROBED.clear()
+    cfg = _config(lrs=(1e-3, 3e-3), max_steps=200, race_steps=50)
+    step = estimate.probe(cfg)
+    assert 0.04 <= step < 0.25
+    assert calls.count(True) == estimate.PROBE_WARMUP + estimate.PROBE_STEPS
+    assert not any(c is False for c in calls)  # no held-out evaluation in the probe
+    (c, seconds, why), = estimate.plan_seconds([cfg], lambda c, m: estimate.probe(c),
+                                               runner.skip_reasons)
+    steps = estimate.planned_steps(cfg)
+    assert not why and steps * step < seconds < steps * step * 1.5 + estimate.WORKER_S
+    estimate._PROBED.clear()
+
+
+# -- the protocol presets ------------------------------------------------------------------
+
+def _measured_steps(folder: str) -> dict:
+    """Step seconds per model from a committed reference run's train.csv (the quiet run of
+    `run_bench.py train --preset <name>`, two one-thread workers): the calibration the
+    presets' budgets are planned with (the dry-run probes its own)."""
+    out = {}
+    with open(f"results/{folder}/train.csv") as f:
+        for r in csv.DictReader(f):
+            if r["step_ms"]:
+                key = (r["task"], r["task_params"], r["variant"],
+                       json.dumps(json.loads(r["params"]), sort_keys=True), int(r["seq_len"]),
+                       int(r["heads"]), int(r["layers"]), int(r["d_model"]))
+                out[key] = float(r["step_ms"]) / 1e3 * 64 / int(r["batch"])  # per 64
+    return out
+
+
+@pytest.mark.parametrize("preset", ["train-cpu", "mad-cpu"])
+def test_the_protocol_presets_plan_within_90_minutes_on_two_workers(preset):
+    _, configs = tm.load(preset)
+    steps = _measured_steps(preset)
+
+    def step(c, module):
+        key = (c.task, c.task_params, c.variant, c.params, c.seq_len, c.heads, c.layers,
+               c.d_model)
+        return steps[key] * c.batch / 64
+
+    costs = estimate.plan_seconds(configs, step, runner.skip_reasons)
+    minutes = sum(t for _, t, _ in costs) / 60 / tm.sweep_workers(preset)
+    assert tm.sweep_workers(preset) == 2 and minutes <= 90, minutes
+    assert {len(c.seeds) for c in configs} == {2} and len(configs[0].lrs) == 4
+    for g in runner.cells(configs):
+        assert len(g) == 2 and g[0].first_seed
+    # the caps: several times the 400-500 steps the reference runs stopped at
+    assert min(c.max_steps * c.batch for c in configs) >= 30_000
+    assert all(2 * c.settle_window <= c.max_steps for c in configs)
