@@ -60,6 +60,7 @@ else:  # Python 3.10: the same parser, as a package
 import variants
 from harness.models import capture
 from harness.errors import UsageError
+from harness.measure import stack
 from harness.measure.inputs import DISTRIBUTIONS
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
@@ -247,7 +248,10 @@ def narrow_variants(groups: list[dict], narrow, errors: list[str]) -> None:
     wanted = [n.strip() for n in narrow if n.strip()]
     present = {n for g in groups for n in g["variants"]}
     for n in wanted:
-        if n not in variants.names(private=True):
+        if stack.is_pattern(n):
+            if n not in present:
+                errors.append(f"layer pattern {n!r} is not in this matrix")
+        elif n not in variants.names(private=True):
             errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
         elif n not in present:
             errors.append(f"variant {n!r} is not in this matrix")
@@ -272,6 +276,9 @@ def _resolve_variants(spec, params: dict, where: str, errors: list[str]) -> dict
             errors.append(f"{where}: params: unknown variant {n!r}; registered: {', '.join(registered)}")
     out = {}
     for name, settings in table.items():
+        if stack.is_pattern(name):
+            out.update(_resolve_pattern(name, settings, params, where, errors))
+            continue
         if name not in registered:
             errors.append(f"{where}: unknown variant {name!r}; registered: {', '.join(registered)}")
             continue
@@ -291,6 +298,30 @@ def _resolve_variants(spec, params: dict, where: str, errors: list[str]) -> dict
             resolved.append(json.dumps(full, sort_keys=True))
         out[name] = list(dict.fromkeys(resolved))
     return out
+
+
+def _resolve_pattern(name: str, settings, params: dict, where: str, errors: list[str]) -> dict:
+    """{pattern: [JSON {mixer: full params}, ...]}: each mixer of a layer pattern takes the
+    group's settings of that mixer (its `params` entry), the product over the mixers when
+    several have more than one; a pattern's own table entry maps mixer -> settings."""
+    try:
+        mixers = stack.mixers(name)
+    except ValueError as e:
+        errors.append(f"{where}: {e}")
+        return {}
+    given = {} if settings is None else settings
+    if not isinstance(given, dict) or set(given) - set(mixers):
+        errors.append(f"{where}: {name}: settings must be a table of its mixers "
+                      f"({', '.join(mixers)}) -> their settings, got {settings!r}")
+        return {}
+    per_mixer = []
+    for mixer in mixers:
+        resolved = _resolve_variants({mixer: given.get(mixer)}, {mixer: params[mixer]}
+                                     if mixer in params else {}, where, errors).get(mixer, [])
+        per_mixer.append([json.loads(r) for r in resolved])
+    combos = [json.dumps(dict(zip(mixers, combo)), sort_keys=True)
+              for combo in itertools.product(*per_mixer)]
+    return {name: list(dict.fromkeys(combos))}
 
 
 resolve_variants = _resolve_variants  # the training matrix (harness.train.matrix) takes it too

@@ -47,6 +47,7 @@ import json
 import os
 
 from harness.errors import UsageError
+from harness.measure import stack
 from harness.measure.matrix import narrow_variants, read_toml, resolve_variants
 from harness.train import tasks
 
@@ -296,6 +297,10 @@ def expand(matrix: dict, errors: list[str] | None = None) -> list[TrainConfig]:
                 collect.extend(problems)
                 continue
             for name, params in settings:
+                if stack.is_pattern(name) and L % len(stack.parse(name)):
+                    collect.append(f"layer pattern {name!r} has {len(stack.parse(name))} "
+                                   f"layers, which does not divide layers = {L}")
+                    continue
                 c = TrainConfig(task, json.dumps(tparams, sort_keys=True), name, params, N, V,
                                 causal, d, L, H, mlp, tuple(g["lrs"]), g["batch"],
                                 g["max_steps"], g["warmup"], g["weight_decay"], g["eval_every"],

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import variants
+from harness.measure import stack
 
 CONV_KERNEL = 3
 
@@ -145,8 +146,13 @@ class RecallModel(nn.Module):
             raise ValueError(f"d_model={d_model} is not a multiple of heads={heads}")
         self.embedding = nn.Embedding(vocab_size, d_model)
         # One variant module per layer: its own seeded state (features, projections) each.
-        self.blocks = nn.ModuleList(Block(d_model, heads, variants.build(variant, **params),
-                                          causal, mlp) for _ in range(layers))
+        # A layer pattern ("gated_deltanet*3+sdpa") names each layer's mixer; its params map
+        # a mixer's name to that mixer's parameters.
+        per_layer = stack.layers_of(variant, layers)
+        mixer_params = params if stack.is_pattern(variant) else {variant: params}
+        self.blocks = nn.ModuleList(
+            Block(d_model, heads, variants.build(name, **mixer_params.get(name, {})), causal, mlp)
+            for name in per_layer)
         self.norm_out = nn.LayerNorm(d_model)
         self._init(layers)
 
