@@ -435,10 +435,11 @@ def share_figure(df: pd.DataFrame, title: str, bar: float = 0.9):
     ax = fig.subplots(1, 1)
 
     def draw(sub, name, colour, mark):
-        ax.errorbar(sub["share"], sub["accuracy"],
-                    yerr=[sub["accuracy"] - sub["acc_min"], sub["acc_max"] - sub["accuracy"]],
-                    fmt="none", ecolor=colour, elinewidth=0.8, capsize=2, zorder=2,
-                    gid=f"{name}:range")
+        _, _, (bars,) = ax.errorbar(
+            sub["share"], sub["accuracy"],
+            yerr=[sub["accuracy"] - sub["acc_min"], sub["acc_max"] - sub["accuracy"]],
+            fmt="none", ecolor=colour, elinewidth=0.8, capsize=2, zorder=2)
+        bars.set_gid(f"{name}:range")
         hollow = sub["hollow"].astype(bool)
         ax.scatter(sub.loc[~hollow, "share"], sub.loc[~hollow, "accuracy"], s=24,
                    color=colour, marker=mark, zorder=3, gid=f"{name}:filled")
