@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.report import frontier, plots
+from harness.report.run import Run
 
 TITLE = "Recall against the share of attention layers"
 HYBRID = "hybrid"  # the `family` of a layer pattern's rows
@@ -226,7 +227,7 @@ def answer_blocks(tr: pd.DataFrame | None) -> list[tuple]:
             ("table", answer_table(cells(rows)))]
 
 
-def blocks(run) -> list[tuple]:
+def blocks(run: Run) -> list[tuple]:
     rows = stack_rows(run.train)
     if rows is None:
         return []
