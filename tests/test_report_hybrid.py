@@ -145,12 +145,15 @@ def test_an_older_train_csv_or_one_without_a_stack_renders_without_the_section(t
 
 def test_the_section_follows_the_trained_one_and_answers_in_the_answers(tmp_path):
     rows = [S.hybrid_row(v, a) for v, a in (("gla", 0.2), ("gla*3+sdpa", 0.93), ("sdpa", 1.0))]
+    rows += [S.hybrid_row(v, 0.5, seq_len=64, pairs=8) for v in ("gla", "sdpa")]  # no stack
     folder = _folder(tmp_path, rows)
     md = write_report(folder).read_text()
     heads = [ln[3:] for ln in md.splitlines() if ln.startswith("## ")]
     assert heads[heads.index("Quality when trained") + 1] == hybrid.TITLE
     answers = md[md.index("## Answers"):md.index("## Quality when trained")]
     assert "Fewest full-attention layers" in answers and "| 1 of 4" in answers
+    section = md[md.index(f"## {hybrid.TITLE}"):md.index("## Training environment")]
+    assert "N=64" not in section and "N=64" not in answers.split("Fewest full-attention")[1]
     assert (folder / "plots" / f"hybrid_share_{SETTING.replace(' ', '_').replace('=', '_')}"
             ".png").is_file()
 
