@@ -87,7 +87,7 @@ def test_the_answer_is_the_fewest_attention_layers_whose_settled_median_reaches_
     got = _answer(tmp_path, rows)
     first = got[SETTING]
     assert first["fewest attention layers reaching 0.9"] == "1 of 4"
-    assert (first["mixer"], first["stack"]) == ("gated_deltanet", "gated_deltanet*3+sdpa")
+    assert (first["mixer"], first["variant"]) == ("gated_deltanet", "gated_deltanet*3+sdpa")
     assert first["accuracy"] == "0.920 [0.910–0.930]"
     assert got["mqar N=64 P=8 V=64 causal"]["fewest attention layers reaching 0.9"] == \
         "none (best: gla*3+sdpa 0.250 [0.200–0.300])"

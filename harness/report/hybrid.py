@@ -46,18 +46,19 @@ def _flag(v):
 
 
 def stack_rows(tr: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The ok rows that carry the hybrid columns, with `share` (attention_layers / layers),
-    `mixer` ("" for attention only) and `task_setting`; None when the file has no such
-    columns or no stack."""
+    """The ok rows that carry the hybrid columns, of the task settings where a stack
+    trained, with `share` (attention_layers / layers), `mixer` ("" for attention only) and
+    `task_setting`; None when the file has no such columns or no stack."""
     if tr is None or not set(COLUMNS) <= set(tr.columns) or not (tr["family"] == HYBRID).any():
         return None
     ok = tr[(tr["status"] == "ok") & tr["attention_layers"].notna()]
-    if ok.empty:
-        return None
     ok = ok.assign(mixer=ok["mixer"].fillna("").astype(str),
                    attention_layers=ok["attention_layers"].astype(int),
-                   share=ok["attention_layers"] / ok["layers"])
-    return ok.assign(task_setting=[frontier.task_setting_name(r) for _, r in ok.iterrows()])
+                   share=ok["attention_layers"] / ok["layers"],
+                   task_setting=[frontier.task_setting_name(r) for _, r in ok.iterrows()])
+    stacked = set(ok.loc[ok["family"] == HYBRID, "task_setting"])
+    ok = ok[ok["task_setting"].isin(stacked)]
+    return None if ok.empty else ok
 
 
 def cells(rows: pd.DataFrame) -> pd.DataFrame:
@@ -149,7 +150,7 @@ def share_table(p: pd.DataFrame) -> pd.DataFrame:
 
 def answer_table(c: pd.DataFrame) -> pd.DataFrame:
     """Per task setting: the fewest attention layers (the smallest share, then the fewest
-    layers) at which a settled cell's median reaches RECALL, its mixer and stack; "none"
+    layers) at which a settled cell's median reaches RECALL, its mixer and variant; "none"
     with the best settled cell where none does."""
     rows = []
     for s in _settings(c):
@@ -162,7 +163,7 @@ def answer_table(c: pd.DataFrame) -> pd.DataFrame:
             r = good.iloc[0]
             row |= {"fewest attention layers reaching 0.9":
                     f"{int(r['attention_layers'])} of {int(r['layers'])}",
-                    "mixer": _mixer_name(r["mixer"], r), "stack": r["variant"],
+                    "mixer": _mixer_name(r["mixer"], r), "variant": r["variant"],
                     "accuracy": range_text(r)}
         elif len(g):
             b = g.loc[g["accuracy"].idxmax()]
