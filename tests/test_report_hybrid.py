@@ -6,7 +6,7 @@ Planted bugs each test was seen to catch: a point at the mean of the seeds, the 
 the first seed, x the attention layers' count (not over layers), unsettled points drawn
 filled; the answer taken from an unsettled cell, from the best seed instead of the median,
 or at the most accurate share instead of the fewest attention layers; the order compared
-at 1/2 instead of 3:1, or a flip read as agreement; the section from a file without the
+at 1/2 instead of 3:1, a flip read as agreement, or an unsettled cell ranked; the section from a file without the
 columns (a KeyError) or with only plain mixers; the section placed before the trained one;
 the frontier dropping the hybrid rows.
 """
@@ -103,9 +103,9 @@ def test_the_answer_can_be_attention_only_and_says_none_without_a_settled_cell(t
         "none (no settled cell)"
 
 
-def _order(tmp_path, accs: dict) -> str:
+def _order(tmp_path, accs: dict, rows=()) -> str:
     """accs: mixer -> (alone, at 3:1, at 1:1), two seeds each a hair apart."""
-    rows = []
+    rows = list(rows)
     for m, (a0, a1, a2) in accs.items():
         for spec, a in ((m, a0), (f"{m}*3+sdpa", a1), (f"{m}+sdpa", a2)):
             rows += _seeds(spec, (a - 0.01, a + 0.01))
@@ -124,10 +124,13 @@ def test_the_order_sentence_says_when_the_standalone_order_flips_at_3_to_1(tmp_p
 
 
 def test_the_order_sentence_says_when_it_holds(tmp_path):
-    # the same order alone and at 3:1; at 1:1 it flips, which the sentence must not read
+    # the same order alone and at 3:1; at 1:1 it flips, which the sentence must not read;
+    # linear would flip at 3:1, but its 3:1 cell has not settled
+    unsettled = (_seeds("linear", (0.5, 0.5)) + _seeds("linear*3+sdpa", (0.1, 0.1),
+                                                        settled=False))
     text = _order(tmp_path, {"gated_deltanet": (0.30, 0.95, 0.5), "gla": (0.15, 0.70, 0.9),
-                             "mamba2": (0.20, 0.80, 0.7)})
-    assert "the order alone is their order at 3:1" in text
+                             "mamba2": (0.20, 0.80, 0.7)}, unsettled)
+    assert "the order alone is their order at 3:1" in text and "linear" not in text
     assert "The mixers alone rank gated_deltanet 0.300 > mamba2 0.200 > gla 0.150" in text
 
 
