@@ -5,10 +5,10 @@ answers are known by construction.
 Planted bugs each test was seen to catch: a point at the mean of the seeds, the range from
 the first seed, x the attention layers' count (not over layers), unsettled points drawn
 filled; the answer taken from an unsettled cell, from the best seed instead of the median,
-or at the most accurate share instead of the fewest attention layers; the order compared
-at 1/2 instead of 3:1, a flip read as agreement, or an unsettled cell ranked; the section from a file without the
-columns (a KeyError) or with only plain mixers; the section placed before the trained one;
-the frontier dropping the hybrid rows.
+or at the most accurate share instead of the fewest attention layers; the order compared at
+1/2 instead of 3:1, a flip read as agreement, or an unsettled cell ranked; the section from
+a file without the columns (a KeyError) or with only plain mixers; the section placed
+before the trained one; the frontier dropping the hybrid rows.
 """
 
 from __future__ import annotations

@@ -98,8 +98,8 @@ def _settings(df: pd.DataFrame) -> list[str]:
 
 def marks(c) -> str:
     """° not settled, § seed-sensitive, then the trained section's † and ‡."""
-    return (UNSETTLED if _unsettled(c["settled"]) else "") + (SENSITIVE if c["seed_sensitive"] else "") \
-        + frontier.marks(c)
+    return (UNSETTLED if _unsettled(c["settled"]) else "") \
+        + (SENSITIVE if c["seed_sensitive"] else "") + frontier.marks(c)
 
 
 def range_text(c) -> str:
