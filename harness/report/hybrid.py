@@ -239,9 +239,9 @@ def blocks(run: Run) -> list[tuple]:
         ("h", 2, TITLE),
         ("p", "Layer patterns (a stack such as three layers of a linear mixer, then one of "
               "full attention, repeated to the model's layers) against the share of their "
-              "layers that are full softmax attention (x: 0, 1/4 for 3:1, 1/2, 1), held-out "
-              "accuracy the median over a cell's seeds, bars from the lowest seed to the "
-              "highest; one line per mixer through its best cell at each share, the "
+              "layers that are full softmax attention (x from 0, none, through 1/4 for 3:1 "
+              "and 1/2 for 1:1 to 1, attention only), held-out accuracy the median over a "
+              "cell's seeds, bars from the lowest seed to the highest; one line per mixer through its best cell at each share, the "
               "attention-only model joining every line at 1; hollow: not settled. Wang et "
               "al. 2025 (arXiv:2507.06457) found recall rising sharply with the share of "
               "attention, above all below 3:1. The stacks' points on the frontier of "
