@@ -136,3 +136,54 @@ def decode_row(variant, n, **over):
 
 def decode_rows(contexts=CONTEXTS, names=tuple(DECODERS)) -> list[dict]:
     return [decode_row(v, n) for v in names for n in contexts]
+
+
+# Layer patterns in train.csv (the hybrid columns: how many layers are full softmax
+# attention, and the other layers' mixers "+"-joined). Each mixer's family, and its state
+# per head at N = 128, D = 32 (synthetic: a cache 2 N D, a recurrence D^2, a window
+# 2 (w + 1) D with w = 16).
+HYBRID_MIXERS = {"sdpa": ("exact", 2 * 128 * 32), "gated_deltanet": ("recurrent", 32 * 32),
+                 "mamba2": ("recurrent", 32 * 32), "gla": ("recurrent", 32 * 32),
+                 "linear": ("linear", 32 * 33), "sliding_window": ("sliding_window", 2 * 17 * 32)}
+HYBRID_LATER = ("settled", "steps_run", "attention_layers", "mixer")
+
+
+def hybrid_columns(hybrid: bool = True) -> list[str]:
+    """train.csv's columns with the protocol's and, with `hybrid`, the layer-pattern ones."""
+    from harness.files import TRAIN_COLUMNS
+
+    later = HYBRID_LATER if hybrid else HYBRID_LATER[:2]
+    return TRAIN_COLUMNS + [c for c in later if c not in TRAIN_COLUMNS]
+
+
+def hybrid_row(variant: str, accuracy: float, seed: int = 0, *, seq_len: int = 128,
+               pairs: int = 16, layers: int = 4, heads: int = 2, settled=True,
+               hybrid: bool = True, **over) -> dict:
+    """One train.csv row of `variant`, a plain mixer or a pattern ("gla*3+sdpa"), at one
+    seed: attention_layers counts the layers whose mixer is exact attention, mixer joins
+    the others' names by "+" in order of first appearance ("" for attention only), state
+    the sum over layers. `over` replaces any field."""
+    from harness.measure import stack
+
+    per_layer = stack.layers_of(variant, layers)
+    fams = [HYBRID_MIXERS[m][0] for m in per_layer]
+    others = [m for m, f in zip(per_layer, fams) if f != "exact"]
+    state = heads * sum(HYBRID_MIXERS[m][1] for m in per_layer)
+    r = {"config_id": f"{variant}-{seq_len}-{pairs}-{layers}-{seed}", "task": "mqar",
+         "task_params": json.dumps({"num_kv_pairs": pairs, "power_a": 0.01,
+                                    "random_non_queries": False}, sort_keys=True),
+         "variant": variant, "family": "hybrid" if stack.is_pattern(variant) else fams[0],
+         "params": "{}", "seq_len": seq_len, "num_kv_pairs": pairs, "vocab_size": seq_len,
+         "causal": True, "d_model": 64, "layers": layers, "heads": heads, "mlp": False,
+         "batch": 32, "max_steps": 400, "device": "cpu", "status": "ok", "reason": "",
+         "accuracy": accuracy, "best_lr": 0.003, "lrs": "[0.001, 0.003]",
+         "lr_accuracy": "{}", "lr_at_edge": False, "rising": False, "steps": 100,
+         "time_to_best_s": 1.0, "steps_to_0_9": None, "step_ms": 10.0, "train_s": 5.0,
+         "final_loss": 0.1, "n_params": 1000, "state_size": state,
+         "state_bytes": 4 * state, "chance": 1 / (seq_len / 2), "reach": None,
+         "seed": seed, "threads": 1, "settled": settled, "steps_run": 400}
+    if hybrid:
+        r |= {"attention_layers": len(per_layer) - len(others),
+              "mixer": "+".join(dict.fromkeys(others))}
+    r.update(over)
+    return r

@@ -17,6 +17,8 @@ report.md, report.html and plots/; compares two runs. It never measures.
     trained.py         "Quality when trained" and its Answers line (train.csv); a
                        configuration over its seeds in cells.py; its
                        frontier of accuracy against state and its tasks in frontier.py
+    hybrid.py          recall of layer-pattern stacks against their share of attention
+                       layers, and its Answers line (train.csv)
     model.py           "Model drift" (model.csv)
     rounds.py          cases whose timing rounds disagree, other work seen on the cores
     layers.py          error per layer on captured inputs

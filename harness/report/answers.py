@@ -1,11 +1,12 @@
 """The report's "Answers" section: the fastest accurate variant per setting (forward and
-forward+backward rows), the fastest decoder at each context (decoders.py) and the fastest
-variant that learned to recall (trained.py), each where the folder holds its rows."""
+forward+backward rows), the fastest decoder at each context (decoders.py), the fastest
+variant that learned to recall (trained.py) and the fewest attention layers a stack needs
+to (hybrid.py), each where the folder holds its rows."""
 
 from __future__ import annotations
 
 from harness.report import captured as RC
-from harness.report import decoders
+from harness.report import decoders, hybrid
 from harness.report import tables as T
 from harness.report import trained as report_trained
 from harness.report.run import Run, varying
@@ -25,6 +26,7 @@ def blocks(run: Run) -> list[tuple]:
         out += decoders.blocks(run.dec, run.train, run.meta.get("read_bandwidth_gbps"))
     if run.train is not None:
         out += report_trained.answer_blocks(run.train, run.timed)
+        out += hybrid.answer_blocks(run.train)
     return out
 
 

@@ -413,3 +413,72 @@ def budget_plot(df: pd.DataFrame, path: Path) -> Path:
     _adjust(fig, nrows, ncols)
     _legend(fig, palette, ncols, markers=markers)
     return _save(fig, path)
+
+
+def share_figure(df: pd.DataFrame, title: str, bar: float = 0.9):
+    """Held-out accuracy against the share of a model's layers that are full attention
+    (0 .. 1), one line per `mixer` through its points in order of share, the rows whose
+    mixer is "" (attention only) a black star that ends every line; a bar from `acc_min`
+    to `acc_max` (the seeds' range) at each point, hollow markers where `hollow`; chance
+    dotted black, `bar` dashed grey. Artists carry gids "<mixer>:filled", ":hollow",
+    ":range" (the tests read the points back). Returns the Figure.
+
+    df: one task setting's points with `mixer`, `share`, `accuracy` (the median over a
+    cell's seeds), `acc_min`, `acc_max`, `hollow` and `chance`."""
+    import seaborn as sns
+    from fractions import Fraction
+
+    pure = df[df["mixer"] == ""].sort_values("share")
+    lines = sorted(m for m in df["mixer"].unique() if m)
+    colours = dict(zip(lines, sns.color_palette("tab10" if len(lines) <= 10 else "husl",
+                                                max(len(lines), 1))))
+    marker_cycle, dash_cycle = ["o", "s", "^", "D", "v", "P", "X"], ["", (4, 2), (1, 1.5)]
+    marker = {m: marker_cycle[i % 7] for i, m in enumerate(lines)}
+    dash = {m: dash_cycle[i % 3] for i, m in enumerate(lines)}
+    w, h = grid_size_px(1, 1)
+    fig = _new_figure(w / DPI, h / DPI)
+    ax = fig.subplots(1, 1)
+
+    def draw(sub, name, colour, mark):
+        _, _, (bars,) = ax.errorbar(
+            sub["share"], sub["accuracy"],
+            yerr=[sub["accuracy"] - sub["acc_min"], sub["acc_max"] - sub["accuracy"]],
+            fmt="none", ecolor=colour, elinewidth=0.8, capsize=2, zorder=2)
+        bars.set_gid(f"{name}:range")
+        hollow = sub["hollow"].astype(bool)
+        ax.scatter(sub.loc[~hollow, "share"], sub.loc[~hollow, "accuracy"], s=24,
+                   color=colour, marker=mark, zorder=3, gid=f"{name}:filled")
+        ax.scatter(sub.loc[hollow, "share"], sub.loc[hollow, "accuracy"], s=24,
+                   facecolors="white", edgecolors=colour, marker=mark, zorder=3,
+                   gid=f"{name}:hollow")
+
+    for m in lines:
+        own = df[df["mixer"] == m].sort_values("share")
+        joined = pd.concat([own, pure]).sort_values("share")
+        ax.plot(joined["share"], joined["accuracy"], color=colours[m], linewidth=1.2,
+                linestyle=(0, dash[m]) if dash[m] else "-")
+        draw(own, m, colours[m], marker[m])
+    if len(pure):
+        draw(pure, "", "black", "*")
+    ax.axhline(df["chance"].mean(), color="black", linestyle=":", linewidth=1)
+    ax.axhline(bar, color="grey", linestyle="--", linewidth=0.8)
+    shares = sorted(df["share"].unique())
+    ax.set_xticks(shares, [str(Fraction(s).limit_denominator(64)) for s in shares])
+    ax.set_xlim(-0.05, 1.05)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(textwrap.fill(title, 60), fontsize=9)
+    ax.set_xlabel("share of layers that are full attention")
+    ax.set_ylabel("held-out accuracy")
+    ax.grid(True, alpha=0.3)
+    _adjust(fig, 1, 1)
+    chance, line09, only = "chance (a model that reads nothing)", f"accuracy {bar:g}", \
+        "attention only"
+    _legend(fig, {**colours, **({only: "black"} if len(pure) else {}), chance: "black",
+                  line09: "grey"}, 1, {**dash, only: "", chance: (1, 1.5), line09: (4, 2)},
+            {**marker, only: "*", chance: "", line09: ""})
+    return fig
+
+
+def share_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) -> Path:
+    """share_figure written to `path` (PNG)."""
+    return _save(share_figure(df, title, bar), path)
