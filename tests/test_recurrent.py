@@ -25,12 +25,14 @@ def case(name, N, B=1, H=2, D=8, dtype=torch.float64, seed=0):
 
 
 def _grads(fn, q, k, v, ins, dtype, w):
-    """Output and gradients of sum(o * w) w.r.t. q, k, v and each input, in `dtype`."""
+    """Output and gradients of sum(o * w) w.r.t. q, k, v and each input, in `dtype` (zeros
+    for an input the output does not depend on: a one-token sequence's decay)."""
     leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
     extra = {n: t.detach().to(dtype).requires_grad_() for n, t in ins.items()}
     o = fn(*leaves, **extra)
     (o.double() * w).sum().backward()
-    return [o.detach().double()] + [t.grad.double() for t in leaves + list(extra.values())]
+    return [o.detach().double()] + [torch.zeros_like(t, dtype=torch.float64) if t.grad is None
+                                    else t.grad.double() for t in leaves + list(extra.values())]
 
 
 def _rel(a, ref):
