@@ -266,7 +266,7 @@ def test_the_recall_model_makes_the_declared_inputs_and_trains_them(name):
     assert set(block.inputs) == {s.name for s in variants.spec(name).inputs}
     x = torch.randn(3, 20, 32) * 30  # far from zero: sigmoid and softplus near saturation
     for spec in variants.spec(name).inputs:
-        y = block.inputs[spec.name](x)
+        y, _ = block.inputs[spec.name](x)
         assert tuple(y.shape) == spec.shape_for(torch.empty(3, 2, 20, 16)) and spec.in_range(y)
     model(torch.randint(0, 16, (3, 20))).square().mean().backward()
     grads = [p.grad for n, p in model.named_parameters() if n.startswith("blocks.0.inputs.")]
