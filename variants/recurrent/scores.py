@@ -82,6 +82,17 @@ def _leaf_decays(b: torch.Tensor, L: int) -> torch.Tensor:
     return (bl - bl.transpose(-2, -3)).masked_fill(~lower[..., None], float("-inf")).exp()
 
 
+def _outer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a b^T over the last two dims; one row each (the lowest level) elementwise: a batched
+    matmul of 1 x D by D x 1 runs far below its rate."""
+    return (a * b).sum(-1, keepdim=True) if a.shape[-2] == 1 else a @ b.transpose(-1, -2)
+
+
+def _times(s: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """s @ b, s (..., h, h); at h = 1 elementwise (see _outer)."""
+    return s * b if s.shape[-1] == 1 else s @ b
+
+
 class _Scores(torch.autograd.Function):
     """P from x, k, b (padded to a power of two P), leaves of L; the backward by the same
     blocks: dx_t = Σ_j dP_tj (k_j ⊙ e^{b_t - b_j}), dk_j = Σ_t dP_tj (x_t ⊙ e^{b_t - b_j}),
@@ -102,7 +113,7 @@ class _Scores(torch.autograd.Function):
             eq, ek = _factors(b, m, h)
             qr = _blocks(x, m, D)[..., h:, :] * eq  # the later queries
             kr = _blocks(k, m, D)[..., :h, :] * ek  # the earlier keys
-            _blocks(out, m)[..., h:, :h] = qr @ kr.transpose(-1, -2)  # (..., P/m, h, h)
+            _blocks(out, m)[..., h:, :h] = _outer(qr, kr)  # (..., P/m, h, h)
         return out
 
     @staticmethod
@@ -127,8 +138,8 @@ class _Scores(torch.autograd.Function):
             dq = _blocks(dP, m)[..., h:, :h]  # (..., P/m, h, h)
             qr = _blocks(x, m, D)[..., h:, :] * eq
             kr = _blocks(k, m, D)[..., :h, :] * ek
-            _blocks(dx, m, D)[..., h:, :].add_((dq @ kr) * eq)
-            _blocks(dk, m, D)[..., :h, :].add_((dq.transpose(-1, -2) @ qr) * ek)
+            _blocks(dx, m, D)[..., h:, :].add_(_times(dq, kr) * eq)
+            _blocks(dk, m, D)[..., :h, :].add_(_times(dq.transpose(-1, -2), qr) * ek)
         db = x * dx - k * dk
         extra = dk.dim() - k.dim()  # the stacked x's leading dimension, summed for k, b
         if extra:
