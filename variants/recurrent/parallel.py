@@ -21,46 +21,12 @@ from __future__ import annotations
 
 import torch
 
+from .chunked import gamma, masks, unit_lower_solve
 from .scores import channel_scores
-
-def _masks(N: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(j <= i, j < i) as (N, N) 0/1 in like's dtype: a product with one runs 8-20x faster
-    here than tril or masked_fill on a (32, 2, 64, 64) batch, and so does its backward."""
-    ones = torch.ones(N, N, dtype=like.dtype, device=like.device)
-    return ones.tril(), ones.tril(-1)
-
-
-def _decay(g: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
-    """Γ (B, H, N, N) from per-head log-decays g (B, H, N): exp(b_i - b_j) for j <= i, else
-    0, b = cumsum(g). Above the diagonal b_i - b_j >= 0 is clamped to 0 before exp (so
-    nothing overflows), then masked."""
-    b = g.cumsum(-1)
-    return (b[..., :, None] - b[..., None, :]).clamp(max=0.0).exp() * lower
-
-
-class _UnitLowerSolve(torch.autograd.Function):
-    """X = (I + A)^-1 R for A strictly lower triangular (its diagonal and upper part are
-    not read). Backward: dR = (I + A)^-T dX, one solve, and dA = -dR X^T (only its strictly
-    lower part matters: the caller's mask keeps that)."""
-
-    @staticmethod
-    def forward(ctx, a, r):
-        x = torch.linalg.solve_triangular(a, r, upper=False, unitriangular=True)
-        ctx.save_for_backward(a, x)
-        return x
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dx):
-        a, x = ctx.saved_tensors
-        dr = torch.linalg.solve_triangular(a.transpose(-1, -2), dx, upper=True,
-                                           unitriangular=True)
-        return -(dr @ x.transpose(-1, -2)), dr
-
 
 def whole_scalar_gate(q, k, v, g):
     """Retention / Mamba2: g (B, H, N) log-decays per head."""
-    att = (q @ k.transpose(-1, -2)) * _decay(g, _masks(q.shape[-2], q)[0])  # (B, H, N, N)
+    att = (q @ k.transpose(-1, -2)) * gamma(g.cumsum(-1), masks(q.shape[-2], q)[0])
     return (att @ v) * q.shape[-1] ** -0.5
 
 
@@ -71,16 +37,16 @@ def whole_channel_gate(q, k, v, g, leaf: int):
 
 def _delta_out(qk, kk, v, beta, lower, strict):
     """s tril(qk) (I + tril(diag(β) kk, -1))^-1 diag(β) V; qk, kk (B, H, N, N) decayed."""
-    u = _UnitLowerSolve.apply(beta[..., :, None] * kk * strict, beta[..., None] * v)
+    u = unit_lower_solve(beta[..., :, None] * kk * strict, beta[..., None] * v)
     return ((qk * lower) @ u) * v.shape[-1] ** -0.5
 
 
 def whole_delta(q, k, v, beta, g):
     """DeltaNet (g None) / Gated DeltaNet (g (B, H, N)); beta (B, H, N)."""
-    lower, strict = _masks(q.shape[-2], q)
+    lower, strict = masks(q.shape[-2], q)
     qk, kk = torch.cat([q, k], dim=-2).matmul(k.transpose(-1, -2)).split(q.shape[-2], dim=-2)
     if g is not None:
-        gam = _decay(g, lower)
+        gam = gamma(g.cumsum(-1), lower)
         qk, kk = qk * gam, kk * gam
     return _delta_out(qk, kk, v, beta, lower, strict)
 
@@ -88,4 +54,4 @@ def whole_delta(q, k, v, beta, g):
 def whole_delta_channel(q, k, v, beta, g, leaf: int):
     """Kimi Delta Attention: g (B, H, N, D) per channel, beta (B, H, N)."""
     qk, kk = channel_scores(torch.stack([q, k]), k, g.cumsum(-2), leaf)
-    return _delta_out(qk, kk, v, beta, *_masks(q.shape[-2], q))
+    return _delta_out(qk, kk, v, beta, *masks(q.shape[-2], q))
