@@ -72,7 +72,7 @@ def _factors(b: torch.Tensor, m: int, h: int):
     every factor <= 1."""
     bs = _blocks(b, m, b.shape[-1])
     r = bs[..., h - 1:h, :]
-    return (bs[..., h:, :] - r).exp(), (r - bs[..., :h, :]).exp()
+    return (bs[..., h:, :] - r).exp_(), (r - bs[..., :h, :]).exp_()  # in place: no autograd
 
 
 def _leaf_decays(b: torch.Tensor, L: int) -> torch.Tensor:
