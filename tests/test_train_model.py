@@ -9,8 +9,11 @@ built with other parameters (the build check); an untied head counted twice (par
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import variants
 from harness.train.model import RecallModel, ShortConv
@@ -141,3 +144,69 @@ def test_reach_is_the_share_of_answers_a_pattern_can_see():
         "sliding_window", {"window": 4})  # answers are never ahead of their query
     assert _reach("sdpa", {}) is None and _reach("linear", {}) is None
     assert _reach("sliding_window", {"window": 4}, layers=2) is None
+
+
+def _mixer_call(name, d_model=32, heads=2, N=12):
+    """One block of a recall model around `name`: what its mixer was called with (q, k, v
+    and the inputs), the unscaled v of the block's own projection, and the normed hidden
+    state x the gate layers read."""
+    torch.manual_seed(0)
+    model = RecallModel(name, {}, vocab_size=40, d_model=d_model, layers=1, heads=heads,
+                        causal=True, mlp=False)
+    block, seen = model.blocks[0], {}
+    block.mixer.register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.update(args=args, kwargs=kwargs), with_kwargs=True)
+    block.qkv.register_forward_hook(lambda mod, args, out: seen.update(x=args[0], qkv=out))
+    with torch.no_grad():
+        model(torch.randint(0, 40, (2, N), generator=torch.Generator().manual_seed(1)))
+    B, d = 2, d_model
+    v = seen["qkv"][..., 2 * d:].view(B, N, heads, d // heads).transpose(1, 2)  # unscaled
+    return block, seen["args"], seen["kwargs"], v, seen["x"]
+
+
+def test_the_mamba2_layer_writes_v_scaled_by_its_dt():
+    """SSD writes dt_t B_t^T x_t (mamba_ssm's ssd_minimal_discrete(X * dt, A * dt, B, C)):
+    the mixer's v is the projection's v times the same dt, dt = softplus(W x + dt_bias),
+    that makes the decay g = -exp(A_log) dt. Gated DeltaNet's gate scales nothing."""
+    block, args, kwargs, v, x = _mixer_call("mamba2")
+    layer = block.inputs["g"]
+    dt = F.softplus(x @ layer.proj.weight.T + layer.dt_bias).transpose(1, 2)  # (B, H, N)
+    torch.testing.assert_close(kwargs["g"], -layer.A_log.exp()[:, None] * dt)
+    torch.testing.assert_close(args[2], v * dt[..., None])
+    assert not torch.allclose(args[2], v)
+    _, args, _, v, _ = _mixer_call("gated_deltanet")
+    torch.testing.assert_close(args[2], v)
+
+
+def _gate_layer(name, d_model=256, heads=64, seed=0):
+    torch.manual_seed(seed)
+    model = RecallModel(name, {}, vocab_size=40, d_model=d_model, layers=1, heads=heads,
+                        causal=True, mlp=False)
+    return model.blocks[0].inputs["g"]
+
+
+def test_each_gate_layers_initial_draw_follows_its_paper():
+    """At initialisation, as the papers' layers draw them: Mamba2 (mamba_ssm) A ~ U(1, 16)
+    and dt = softplus(dt_bias) log-uniform in [1e-3, 1e-1] per head; Gated DeltaNet (fla)
+    A ~ U(0, 16), the same dt; KDA (fla) A ~ U(1, 16) per head and dt per channel; GLA
+    (fla) logsigmoid(W2 W1 x + b) / 16 with W1 of rank 16 and b = 0, so about -ln 2 / 16 at
+    the start. 64 heads (256 channels): a draw from another range shows in its extremes or
+    its log-mean."""
+    lo, hi = math.log(1e-3), math.log(1e-1)
+    for name, A_lo, per in (("mamba2", 1, 64), ("gated_deltanet", 0, 64), ("kda", 1, 256)):
+        layer = _gate_layer(name)
+        A = layer.A_log.detach().exp()
+        dt = F.softplus(layer.dt_bias.detach())
+        assert A.shape == (64,) and dt.shape == (per,), name
+        assert bool((A >= A_lo).all() and (A <= 16).all()), name
+        assert float(A.min()) < A_lo + 1 and float(A.max()) > 15, name  # fills its range
+        assert float(A.mean()) == pytest.approx((A_lo + 16) / 2, abs=1.5), name
+        ldt = dt.log()
+        assert bool((ldt >= lo - 1e-5).all() and (ldt <= hi + 1e-5).all()), name
+        assert float(ldt.mean()) == pytest.approx((lo + hi) / 2, abs=0.6), name  # log-uniform
+    gla = _gate_layer("gla", d_model=64, heads=2)
+    assert [tuple(p.shape) for p in gla.proj.parameters()] == [(16, 64), (64, 16), (64,)]
+    assert float(gla.proj[1].bias.detach().abs().max()) == 0
+    g, scale = gla(torch.randn(4, 20, 64))
+    assert scale is None and g.shape == (4, 2, 20, 32)
+    assert float(g.detach().mean()) == pytest.approx(-math.log(2) / 16, abs=2e-3)

@@ -20,10 +20,13 @@ which stays a pure q, k, v -> o map built from the registry by name and paramete
 the layers that make a variant's declared inputs beyond q, k, v (a recurrence's gates) from
 the same normed hidden state, as the papers' layers do (`InputLayer`): beta = sigmoid(W x)
 (DeltaNet, Gated DeltaNet); GLA's low-rank gate g = logsigmoid(W2 W1 x) / 16 (rank 16);
-Mamba2's decay g = -exp(A_log) softplus(W x + dt_bias), A = exp(A_log) ~ U(1, 16) and
-softplus(dt_bias) ~ logU(1e-3, 1e-1) per head at initialisation (Gated DeltaNet's gate);
-Kimi Delta Attention's g per channel = -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank
-d / H, A_log per head and dt_bias per channel as in fla's KimiDeltaAttention layer.
+Mamba2's decay g = -exp(A_log) dt with dt = softplus(W x + dt_bias), A = exp(A_log) ~
+U(1, 16) and dt ~ logU(1e-3, 1e-1) per head at initialisation, and its write scaled by the
+same dt (v dt, as SSD writes dt_t B_t^T x_t); Gated DeltaNet's gate of the same form with
+A ~ U(0, 16), as fla's layer draws it; Kimi Delta Attention's g per channel =
+-exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank d / H, A_log per head and dt_bias per
+channel as in fla's KimiDeltaAttention layer. `InputLayer` says where each differs from
+its paper's layer.
 Parameters are initialised as Zoology's model does (normal, std 0.02; output projections
 scaled by 1 / sqrt(2 layers)) except the q, k, v projection: std d_model^-1/2, so that the
 first scores are O(1) and attention is not uniform from the start. Measured here (sdpa,
@@ -60,11 +63,40 @@ class ShortConv(nn.Module):
 
 GLA_GATE_RANK = 16  # GLA's gate: a low-rank projection (Yang et al. 2024, Sec. 4.4)
 GLA_GATE_NORMALISER = 16  # ... through logsigmoid, divided by this
+# dt = softplus(dt_bias) at initialisation, log-uniform in this range (mamba_ssm's Mamba2
+# dt_min, dt_max; fla's GatedDeltaNet and KimiDeltaAttention layers use the same).
+DT_RANGE = (1e-3, 1e-1)
+# A = exp(A_log) at initialisation, uniform in: mamba_ssm's Mamba2 `A_init_range` (and
+# fla's KimiDeltaAttention), fla's GatedDeltaNet.
+A_RANGE = {"mamba2_decay": (1, 16), "kda_gate": (1, 16), "gdn_decay": (0, 16)}
 
 
 class InputLayer(nn.Module):
     """One declared input of the mixer (a `variants.InputSpec`), made from the normed hidden
-    state (B, N, d) by the layer its `layer` names; returns the declared shape."""
+    state x (B, N, d) by the layer its `layer` names, as the paper's layer makes it:
+
+    - "sigmoid", beta = sigmoid(W x) (DeltaNet, Gated DeltaNet, KDA; fla's b_proj). Differs:
+      W has a bias (zero at initialisation), and beta is kept inside (0, 1) in float32.
+    - "gla_gate", g = logsigmoid(W2 W1 x + b) / 16, W1 of rank 16 (fla's
+      GatedLinearAttention gk_proj, GLA Sec. 4.4). Differs: no output gate or norm after
+      the mixer (the model's block has none for any mixer).
+    - "mamba2_decay", Mamba2's SSD (Dao & Gu 2024; mamba_ssm's Mamba2): dt =
+      softplus(W x + dt_bias) per head, the decay g = -exp(A_log) dt, and the write scaled
+      by the same dt: the mixer gets v dt (ssd_minimal_discrete(X * dt, A * dt, B, C), with
+      C = q, B = k, X = v). A ~ U(1, 16), dt ~ logU(1e-3, 1e-1) at initialisation. Differs:
+      no D skip (y + D x), no z gate and norm, the model's short convolution before the
+      projections instead of Mamba2's kernel-4 convolution of x, B, C and its SiLU.
+    - "gdn_decay", Gated DeltaNet's gate (fla's GatedDeltaNet a_proj): g = -exp(A_log)
+      softplus(W x + dt_bias) per head, A ~ U(0, 16), dt ~ logU(1e-3, 1e-1). Differs: fla
+      floors dt at 1e-4 (below dt_min: never binds), and its output gate and norm are not
+      part of the model.
+    - "kda_gate", Kimi Delta Attention's gate (fla's KimiDeltaAttention f_proj): g per
+      channel = -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank d / H, A_log per head
+      (A ~ U(1, 16)), dt_bias per channel (dt ~ logU(1e-3, 1e-1)). Differs: no output gate
+      or norm.
+
+    forward(x) -> (the input in its declared shape, the factor (B, H, N, 1) the layer
+    scales the mixer's v by, or None)."""
 
     def __init__(self, spec, d_model: int, heads: int):
         super().__init__()
@@ -74,23 +106,25 @@ class InputLayer(nn.Module):
         elif self.kind == "gla_gate":  # (B, H, N, d / H) <= 0
             self.proj = nn.Sequential(nn.Linear(d_model, GLA_GATE_RANK, bias=False),
                                       nn.Linear(GLA_GATE_RANK, d_model))
-        elif self.kind in ("mamba2_decay", "kda_gate"):  # (B, H, N) or (B, H, N, d / H) <= 0
+        elif self.kind in A_RANGE:  # (B, H, N) or (B, H, N, d / H) <= 0
             per_channel = self.kind == "kda_gate"
             self.proj = (nn.Sequential(nn.Linear(d_model, d_model // heads, bias=False),
                                        nn.Linear(d_model // heads, d_model, bias=False))
                          if per_channel else nn.Linear(d_model, heads, bias=False))
-            A = torch.empty(heads).uniform_(1, 16)
+            A = torch.empty(heads).uniform_(*A_RANGE[self.kind])
+            lo, hi = DT_RANGE
             dt = torch.exp(torch.empty(d_model if per_channel else heads).uniform_(
-                math.log(1e-3), math.log(1e-1)))
+                math.log(lo), math.log(hi)))
             self.A_log = nn.Parameter(A.log())
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
         else:
             raise ValueError(f"the recall model has no layer for input {spec.name!r} "
                              f"(layer {spec.layer!r})")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, N, d = x.shape
         y = self.proj(x)  # (B, N, H) or (B, N, d)
+        scale = None
         if self.kind == "sigmoid":
             # Kept strictly inside (0, 1) in float32 (sigmoid(17) rounds to 1).
             y = torch.sigmoid(y) * (1 - 2e-6) + 1e-6
@@ -100,8 +134,11 @@ class InputLayer(nn.Module):
             y = F.softplus(y + self.dt_bias).view(B, N, self.heads, d // self.heads)
             y = -self.A_log.exp()[:, None] * y
         else:
-            y = -self.A_log.exp() * F.softplus(y + self.dt_bias)
-        return y.transpose(1, 2).contiguous()  # (B, H, N) or (B, H, N, d / H)
+            dt = F.softplus(y + self.dt_bias)  # (B, N, H)
+            y = -self.A_log.exp() * dt
+            if self.kind == "mamba2_decay":
+                scale = dt.transpose(1, 2)[..., None]  # (B, H, N, 1): the write's dt
+        return y.transpose(1, 2).contiguous(), scale  # (B, H, N) or (B, H, N, d / H)
 
 
 class Block(nn.Module):
@@ -128,7 +165,11 @@ class Block(nn.Module):
         q, k, v = self.qkv(x).split(d, dim=-1)  # each (B, N, d)
         q, k, v = (t.view(B, N, self.heads, d // self.heads).transpose(1, 2)
                    for t in (q, k, v))  # each (B, H, N, d / H)
-        extra = {name: layer(x) for name, layer in self.inputs.items()}  # gates, if any
+        extra = {}
+        for name, layer in self.inputs.items():  # gates, if any
+            extra[name], scale = layer(x)
+            if scale is not None:  # Mamba2's write dt_t B_t^T x_t: v scaled by dt
+                v = v * scale
         o = self.mixer(q, k, v, causal=self.causal, **extra)  # (B, H, N, d / H)
         h = h + self.out_proj(o.transpose(1, 2).reshape(B, N, d))
         if self.mlp is not None:
@@ -161,7 +202,7 @@ class RecallModel(nn.Module):
             if "mixer." in name:
                 continue  # a variant's own buffers/parameters (none are learned by default)
             if name.endswith(("A_log", "dt_bias")):
-                continue  # Mamba2's decay parameters keep their own initialisation
+                continue  # the decay layers' parameters keep their own initialisation
             if name.endswith("weight") and p.dim() >= 2 and "conv" not in name:
                 std = 0.02 / math.sqrt(2 * layers) if ("out_proj" in name or "mlp.2" in name) \
                     else p.shape[1] ** -0.5 if "qkv" in name else 0.02

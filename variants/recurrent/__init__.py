@@ -11,9 +11,11 @@ with a forget gate (a decay) and/or the delta rule (erase, then write); o_t = D^
 
 `reference.py` is the plain form: the sequential recurrence (the float64 reference these
 variants' error is measured against: they approximate no softmax) and the dense weights;
-`chunked.py` the chunkwise-parallel kernels (the WY/UT form for the delta rule); `gates.py`
-the declared inputs `g` and `beta` and the papers' initialisation the benchmark draws them
-from; `recurrent.py` the variants. Imports: `variants.core` only.
+`chunked.py` the chunkwise-parallel kernels (the WY/UT form for the delta rule);
+`parallel.py` the one-chunk forms for a sequence that fits in one chunk; `scores.py` the
+per-channel decayed scores of gla and kda, one path for any decay; `gates.py` the declared
+inputs `g` and `beta` and the papers' initialisation the benchmark draws them from;
+`recurrent.py` the variants. Imports: `variants.core` only.
 """
 
 from .recurrent import (GLA, DeltaNet, GatedDeltaNet, KimiDeltaAttention, Mamba2, Recurrent,

@@ -16,7 +16,9 @@ from ..core import Variant, compute_dtype, param, register
 from .chunked import (block_rows, chunk_channel_gate, chunk_delta, chunk_delta_channel,
                       chunk_length, chunk_scalar_gate, stream)
 from .decoding import RecurrentDecoding
-from .gates import BETA, GATE_CHANNEL, GATE_HEAD, GATE_KDA
+from .gates import BETA, GATE_CHANNEL, GATE_GDN, GATE_HEAD, GATE_KDA
+from .parallel import (whole_channel_gate, whole_delta, whole_delta_channel,
+                       whole_scalar_gate)
 from .reference import dense_weights, recurrence
 
 CAUSAL_ONLY = "a recurrence: causal only"
@@ -30,27 +32,20 @@ class ChunkParams:
 @dataclasses.dataclass(frozen=True)
 class GLAParams:
     chunk: int = param(64, min=1, doc="tokens per chunk of the chunkwise-parallel form")
-    sub_chunk: int = param(16, min=1, doc="tokens per sub-chunk whose per-channel decays "
-                           "are taken explicitly (the rest of a chunk is matmuls)")
+    sub_chunk: int = param(1, min=1, doc="tokens per diagonal leaf of the per-channel scores "
+                           "whose (c, c, D) decays are taken explicitly, rounded up to a power "
+                           "of two (1: only q_t . k_t; the rest are matmuls, scores.py)")
 
 
 class Recurrent(RecurrentDecoding, Variant):
     """Shared by the family: the causal-only refusal, the dtype handling, the state size
     and the float64 sequential reference. Subclasses give `_terms` (q, k, v, g, beta as
-    the recurrence takes them) and `_chunked`."""
+    the recurrence takes them), `_chunked` and `_whole` (the one-chunk form, for a
+    sequence that fits in one chunk)."""
     family = "recurrent"
     causal_only = CAUSAL_ONLY
     err_ref = "recurrence"
     delta = False  # L2-normalises q and k (the delta rule's papers do)
-    # A per-channel gate picks its chunk form from the decays' values (chunked.py): it
-    # cannot be laid out on the meta device, which holds no values.
-    per_channel = False
-
-    def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
-        if self.per_channel and device.type == "meta":
-            return [f"{self.name} chooses its chunk form from the gate's values (how far a "
-                    "channel decays within a chunk): the meta device holds no values"]
-        return []
 
     def _terms(self, q, k, v, inputs) -> tuple:
         """(q, k, v, g, beta) as the recurrence takes them, in q's dtype."""
@@ -65,10 +60,14 @@ class Recurrent(RecurrentDecoding, Variant):
                            {n: t.to(ct) for n, t in inputs.items()})
 
     def attend(self, q, k, v, causal, **inputs):
-        """Block by block (`chunked.stream`): the cast, the L2 normalisation and the chunk
-        kernels on blocks of a few thousand tokens, the state carried between them."""
+        """Up to `chunk` tokens the one-chunk form (`parallel.py`); longer, block by block
+        (`chunked.stream`): the cast, the L2 normalisation and the chunk kernels on blocks
+        of a few thousand tokens, the state carried between them. Neither form looks at
+        the values to choose what it computes."""
         B, H, N, D = q.shape
         ct = compute_dtype(q.dtype)
+        if N <= self.params.chunk:
+            return self._whole(*self._in(q, k, v, inputs, ct)).to(q.dtype)
         rows = block_rows(B, H, self._c(N), D)
         return stream(lambda qb, kb, vb, ib, S: self._chunked(*self._in(qb, kb, vb, ib, ct), S),
                       q, k, v, inputs, rows, q.dtype)
@@ -106,14 +105,17 @@ class Recurrent(RecurrentDecoding, Variant):
     def _chunked(self, q, k, v, g, beta, S=None):
         raise NotImplementedError
 
+    def _whole(self, q, k, v, g, beta):
+        raise NotImplementedError
+
     def _c(self, N):
         return chunk_length(N, self.params.chunk)
 
 
 def _linear_flops(N, C, D):
     """Per (batch, head): Q K^T and its product with V in each chunk (4 N C D), the chunk
-    states K^T V and the inter-chunk Q S (4 N D^2)."""
-    return 4 * N * C * D + 4 * N * D * D
+    states K^T V and the inter-chunk Q S (4 N D^2; none in the one-chunk form)."""
+    return 4 * N * C * D + (4 * N * D * D if N > C else 0)
 
 
 @register
@@ -129,6 +131,9 @@ class Retention(Recurrent):
 
     def _chunked(self, q, k, v, g, beta, S=None):
         return chunk_scalar_gate(q, k, v, g, self.params.chunk, S)
+
+    def _whole(self, q, k, v, g, beta):
+        return whole_scalar_gate(q, k, v, g)
 
     def flops(self, B, H, N, D, causal=False):
         return B * H * _linear_flops(N, self._c(N), D)
@@ -146,7 +151,6 @@ def retention_log_decay(q: torch.Tensor) -> torch.Tensor:
 class GLA(Recurrent):
     """Gated linear attention: S_t = Diag(exp g_t) S_{t-1} + k_t^T v_t; g (B, H, N, D) <= 0."""
     name = "gla"
-    per_channel = True
     Params = GLAParams
     paper = "https://arxiv.org/abs/2312.06635"
     inputs = (GATE_CHANNEL,)
@@ -154,12 +158,14 @@ class GLA(Recurrent):
     def _chunked(self, q, k, v, g, beta, S=None):
         return chunk_channel_gate(q, k, v, g, self.params.chunk, self.params.sub_chunk, S)
 
+    def _whole(self, q, k, v, g, beta):
+        return whole_channel_gate(q, k, v, g, self.params.sub_chunk)
+
     def flops(self, B, H, N, D, causal=False):
-        C = chunk_length(N, self.params.chunk, self.params.sub_chunk)
-        c = min(self.params.sub_chunk, C)
-        # Q K^T against each query sub-chunk's scaled keys and the (c, c, D) products
-        # within sub-chunks, then as the scalar gate.
-        return B * H * (2 * N * C * D + 2 * N * c * D + 2 * N * C * D + 4 * N * D * D)
+        # The per-channel scores' lower triangle (N C D: quadrant matmuls and leaves),
+        # then P V and the states as the scalar gate.
+        C = self._c(N)
+        return B * H * (N * C * D + 2 * N * C * D + (4 * N * D * D if N > C else 0))
 
 
 @register
@@ -173,6 +179,9 @@ class Mamba2(Recurrent):
     def _chunked(self, q, k, v, g, beta, S=None):
         return chunk_scalar_gate(q, k, v, g, self.params.chunk, S)
 
+    def _whole(self, q, k, v, g, beta):
+        return whole_scalar_gate(q, k, v, g)
+
     def flops(self, B, H, N, D, causal=False):
         return B * H * _linear_flops(N, self._c(N), D)
 
@@ -180,8 +189,8 @@ class Mamba2(Recurrent):
 def _delta_flops(N, C, D):
     """Per (batch, head): K K^T, Q K^T and att U in each chunk (6 N C D), the triangular
     solve for [Ũ | W] = T [V | K] (2 D right-hand sides: 2 N C D), W S, Q S, K^T U
-    (6 N D^2)."""
-    return 8 * N * C * D + 6 * N * D * D
+    (6 N D^2). The one-chunk form solves for Ũ only and keeps no state (7 N C D)."""
+    return 8 * N * C * D + 6 * N * D * D if N > C else 7 * N * C * D
 
 
 @register
@@ -196,6 +205,9 @@ class DeltaNet(Recurrent):
     def _chunked(self, q, k, v, g, beta, S=None):
         return chunk_delta(q, k, v, beta, None, self.params.chunk, S)
 
+    def _whole(self, q, k, v, g, beta):
+        return whole_delta(q, k, v, beta, None)
+
     def flops(self, B, H, N, D, causal=False):
         return B * H * _delta_flops(N, self._c(N), D)
 
@@ -206,23 +218,23 @@ class GatedDeltaNet(Recurrent):
     name = "gated_deltanet"
     Params = ChunkParams
     paper = "https://arxiv.org/abs/2412.06464"
-    inputs = (GATE_HEAD, BETA)
+    inputs = (GATE_GDN, BETA)
     delta = True
 
     def _chunked(self, q, k, v, g, beta, S=None):
         return chunk_delta(q, k, v, beta, g, self.params.chunk, S)
 
+    def _whole(self, q, k, v, g, beta):
+        return whole_delta(q, k, v, beta, g)
+
     def flops(self, B, H, N, D, causal=False):
         return B * H * _delta_flops(N, self._c(N), D)
-
-
 
 
 @register
 class KimiDeltaAttention(Recurrent):
     """Kimi Delta Attention: S_t = (I - β_t k_t^T k_t) Diag(exp g_t) S_{t-1} + β_t k_t^T v_t."""
     name = "kda"
-    per_channel = True
     Params = GLAParams
     paper = "https://arxiv.org/abs/2510.26692"
     inputs = (GATE_KDA, BETA)
@@ -232,6 +244,8 @@ class KimiDeltaAttention(Recurrent):
         return chunk_delta_channel(q, k, v, beta, g, self.params.chunk, self.params.sub_chunk,
                                    S)
 
+    def _whole(self, q, k, v, g, beta):
+        return whole_delta_channel(q, k, v, beta, g, self.params.sub_chunk)
+
     def flops(self, B, H, N, D, causal=False):
-        C = chunk_length(N, self.params.chunk, self.params.sub_chunk)
-        return B * H * _delta_flops(N, C, D)
+        return B * H * _delta_flops(N, self._c(N), D)

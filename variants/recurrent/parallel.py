@@ -1,0 +1,57 @@
+"""The one-chunk (parallel) forms: the whole sequence as a single chunk from a zero state,
+for a sequence that fits in one chunk (a recall model's N = 64). The same sums as
+`chunked.py`'s with one chunk, minus what only a carried state needs (the chunk states,
+their scan, W = T K, the per-chunk loop): at such lengths a chunked call's cost is its
+small operations, not its arithmetic, so these take as few as the form allows. Inputs in the compute dtype; q, k L2-normalised for the
+delta rule (the caller's). Each -> o (B, H, N, D).
+
+With b = cumsum(g) over the sequence, s = D^-1/2 and Γ_ij = exp(b_i - b_j) for j <= i
+(the decay as a mask, every exponent <= 0):
+
+- scalar gate (retention, mamba2; SSD's quadratic form, Dao & Gu 2024, Sec. 3):
+  o = s (Q K^T ⊙ Γ) V.
+- per-channel gate (gla): o = s P V, P_ij = Σ_d q_id k_jd exp(b_id - b_jd) (`scores.py`).
+- delta rule (deltanet, gated_deltanet; the UT transform over the whole sequence, Yang et
+  al. 2024, Sec. 3): o = s (Q K^T ⊙ Γ) (I + A)^-1 diag(β) V,
+  A = tril(diag(β) (K K^T ⊙ Γ), -1).
+- kda: the same with the per-channel scores in place of both Q K^T ⊙ Γ and K K^T ⊙ Γ.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .chunked import gamma, masks, unit_lower_solve
+from .scores import channel_scores
+
+def whole_scalar_gate(q, k, v, g):
+    """Retention / Mamba2: g (B, H, N) log-decays per head."""
+    att = (q @ k.transpose(-1, -2)) * gamma(g.cumsum(-1), masks(q.shape[-2], q)[0])
+    return (att @ v) * q.shape[-1] ** -0.5
+
+
+def whole_channel_gate(q, k, v, g, leaf: int):
+    """GLA: g (B, H, N, D) log-decays per key channel."""
+    return (channel_scores(q, k, g.cumsum(-2), leaf) @ v) * q.shape[-1] ** -0.5
+
+
+def _delta_out(qk, kk, v, beta, lower, strict):
+    """s tril(qk) (I + tril(diag(β) kk, -1))^-1 diag(β) V; qk, kk (B, H, N, N) decayed."""
+    u = unit_lower_solve(beta[..., :, None] * kk * strict, beta[..., None] * v)
+    return ((qk * lower) @ u) * v.shape[-1] ** -0.5
+
+
+def whole_delta(q, k, v, beta, g):
+    """DeltaNet (g None) / Gated DeltaNet (g (B, H, N)); beta (B, H, N)."""
+    lower, strict = masks(q.shape[-2], q)
+    qk, kk = torch.cat([q, k], dim=-2).matmul(k.transpose(-1, -2)).split(q.shape[-2], dim=-2)
+    if g is not None:
+        gam = gamma(g.cumsum(-1), lower)
+        qk, kk = qk * gam, kk * gam
+    return _delta_out(qk, kk, v, beta, lower, strict)
+
+
+def whole_delta_channel(q, k, v, beta, g, leaf: int):
+    """Kimi Delta Attention: g (B, H, N, D) per channel, beta (B, H, N)."""
+    qk, kk = channel_scores(torch.stack([q, k]), k, g.cumsum(-2), leaf)
+    return _delta_out(qk, kk, v, beta, *masks(q.shape[-2], q))
