@@ -95,3 +95,45 @@ def test_variants_on_the_command_line_adds_a_stack_on_its_mixers_settings():
         raw, {"variants": ["gla*3+sliding_window"]}))
     assert [c.variant for c in configs] == ["gla*3+sliding_window"]
     assert configs[0].param_dict["sliding_window"]["window"] == 4
+
+
+def _config(spec, layers=4, params=None, heads=2):
+    from harness.train import matrix
+    raw = {"variants": [spec], "layers": layers, "heads": heads, "seq_lens": [64],
+           "params": params or {}}
+    (config,) = matrix.expand(matrix.normalise(raw))
+    return config
+
+
+def test_a_stacks_train_row_is_hybrid_with_its_layers_summed_state():
+    from harness.train import rows
+    config = _config("gated_deltanet*3+sdpa")
+    row = rows.config_row(config, stack.build(config.variant, config.param_dict))
+    D = config.head_dim
+    want = 3 * variants.build("gated_deltanet").state_size(64, D) \
+        + variants.build("sdpa").state_size(64, D)
+    assert row["family"] == "hybrid"
+    assert row["state_size"] == config.heads * want and row["state_bytes"] == 4 * row["state_size"]
+    assert (row["attention_layers"], row["mixer"]) == (1, "gated_deltanet")
+    plain = _config("gated_deltanet")
+    row = rows.config_row(plain, stack.build(plain.variant, plain.param_dict))
+    assert row["family"] == "recurrent" and (row["attention_layers"], row["mixer"]) == (0, "gated_deltanet")
+    assert row["state_size"] == 4 * plain.heads * variants.build("gated_deltanet").state_size(64, D)
+    assert stack.composition("sdpa*4", 4) == (4, "")
+    assert stack.composition("mamba2+sliding_window", 4) == (0, "mamba2+sliding_window")
+
+
+def test_a_stacks_flops_and_skips_are_its_layers():
+    from harness.train import estimate
+    config = _config("gla*3+sdpa")
+    gla, sdpa = _config("gla"), _config("sdpa")
+    flops = [estimate.forward_flops(c, stack.build(c.variant, c.param_dict), 8)
+             for c in (config, gla, sdpa)]
+    assert flops[0] == pytest.approx((3 * flops[1] + flops[2]) / 4)
+    module = stack.build("gla*3+sdpa", config.param_dict)
+    assert module.key_mask(64) is None
+    assert module.unsupported_reasons(device="cpu", dtype=torch.float32, causal=False,
+                                      seq_len=64, head_dim=32, backward=True) \
+        == [f"gla: {r}" for r in variants.build("gla").unsupported_reasons(
+            device="cpu", dtype=torch.float32, causal=False, seq_len=64, head_dim=32,
+            backward=True)]

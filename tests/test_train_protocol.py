@@ -331,6 +331,8 @@ def test_the_protocol_presets_plan_within_90_minutes_on_two_workers(preset):
     def step(c, module):
         key = (c.task, c.task_params, c.variant, c.params, c.seq_len, c.heads, c.layers,
                c.d_model)
+        if key not in steps:  # settings changed since the reference run: its other sizes
+            key = max(k for k in steps if k[:3] == key[:3] and k[4:] == key[4:])
         return steps[key] * c.batch / 64
 
     costs = estimate.plan_seconds(configs, step, runner.skip_reasons)

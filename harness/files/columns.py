@@ -76,11 +76,13 @@ MODEL_COLUMNS = [
 # settled (harness.train.trainer.settled), steps_run how many steps it ran.
 TRAIN_COLUMNS = [
     "config_id", "task", "task_params", "variant", "family", "params", "seq_len",
-    "num_kv_pairs", "vocab_size", "causal", "d_model", "layers", "heads", "mlp", "batch",
+    "num_kv_pairs", "vocab_size", "causal", "d_model", "layers", "attention_layers", "mixer",
+    "heads", "mlp", "batch",
     "max_steps", "device", "status", "reason", "accuracy", "best_lr", "lrs", "lr_accuracy",
     "lr_at_edge", "rising", "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s",
     "final_loss", "n_params", "state_size", "state_bytes", "chance", "reach", "seed",
     "settled", "steps_run", "threads"]
-# Columns train.csv gained after its first release (issues 29, 34): a report of an older file
-# reads them as empty (state_bytes from state_size).
-TRAIN_LATER_COLUMNS = ["lrs", "lr_at_edge", "rising", "state_bytes", "settled", "steps_run"]
+# Columns train.csv gained after its first release (issues 29, 34, 35): a report of an older
+# file reads them as empty (state_bytes from state_size).
+TRAIN_LATER_COLUMNS = ["lrs", "lr_at_edge", "rising", "state_bytes", "settled", "steps_run",
+                       "attention_layers", "mixer"]

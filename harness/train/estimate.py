@@ -162,11 +162,11 @@ def plan_seconds(configs: list[TrainConfig], step_seconds: Callable,
     GPU preset is planned on a CPU machine, at the FLOP model's assumed GPU rate).
     `step_seconds(config, module)` is a step's cost (`probe`, or a model of it);
     `skip_reasons(config, module)` the runner's."""
-    import variants
+    from harness.measure import stack
 
     out = []
     for c in configs:
-        module = variants.build(c.variant, **c.param_dict)
+        module = stack.build(c.variant, c.param_dict)
         why = [r for r in skip_reasons(c, module) if r != NO_CUDA]
         if why:
             out.append((c, 0.0, why))

@@ -9,6 +9,7 @@ import json
 
 import torch
 
+from harness.measure import stack
 from harness.measure.rows import NO_CUDA
 from harness.train import tasks, trainer
 from harness.train.matrix import TrainConfig
@@ -37,25 +38,28 @@ def lr_at_edge(lrs, best_lr: float, accuracy: float, early_stop: float) -> bool:
 
 
 def state_elements(config: TrainConfig, module) -> int | None:
-    """The model's state per example: layers x heads x the variant's `state_size(N, D)` at
-    the head dimension D = d_model / heads (Based's "state size": what a decoder keeps for
-    every layer's heads). The same number on non-causal rows, where it is what one query
-    reads (Linformer 2 k D, Nystrom 2 m D: the compressed keys and values). None where the
-    variant does not say."""
-    state = module.state_size(config.seq_len, config.head_dim)
-    return None if state is None else config.layers * config.heads * state
+    """The model's state per example: heads x the sum over its layers of each layer's
+    mixer's `state_size(N, D)` at the head dimension D = d_model / heads (Based's "state
+    size": what a decoder keeps for every layer's heads; layers x that of one mixer, or a
+    layer pattern's layers each their own). The same number on non-causal rows, where it is
+    what one query reads (Linformer 2 k D, Nystrom 2 m D: the compressed keys and values).
+    None where a mixer does not say."""
+    state = stack.model_state(module, config.layers, config.seq_len, config.head_dim)
+    return None if state is None else config.heads * state
 
 
 def config_row(config: TrainConfig, module) -> dict:
     """The descriptive columns of a configuration (everything but the training's outcome)."""
     state = state_elements(config, module)
     task = tasks.get(config.task)
+    attention_layers, mixer = stack.composition(config.variant, config.layers)
     return {"config_id": config.config_id, "task": config.task,
             "task_params": config.task_params, "variant": config.variant,
             "family": module.family, "params": config.params, "seq_len": config.seq_len,
             "num_kv_pairs": config.task_param_dict.get("num_kv_pairs"),
             "vocab_size": config.vocab_size, "causal": config.causal,
-            "d_model": config.d_model, "layers": config.layers, "heads": config.heads,
+            "d_model": config.d_model, "layers": config.layers,
+            "attention_layers": attention_layers, "mixer": mixer, "heads": config.heads,
             "mlp": config.mlp, "batch": config.batch, "max_steps": config.max_steps,
             "device": config.device, "seed": config.seed, "threads": config.threads,
             "state_size": state,
