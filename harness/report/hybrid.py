@@ -50,15 +50,6 @@ def stack_rows(tr: pd.DataFrame | None) -> pd.DataFrame | None:
     return None if ok.empty else ok
 
 
-def _settings(df: pd.DataFrame) -> list[str]:
-    """Task settings: causal first, then by task, N, pairs (the frontier's order)."""
-    first = df.drop_duplicates("task_setting")
-    key = {r.task_setting: (not r.causal, r.task, r.seq_len,
-                            -1 if pd.isna(r.num_kv_pairs) else r.num_kv_pairs, r.vocab_size)
-           for r in first.itertuples()}
-    return sorted(key, key=key.get)
-
-
 def points(c: pd.DataFrame) -> pd.DataFrame:
     """Per task setting, mixer and share: the best settled cell (the best unsettled one
     where none settled), with `hollow` saying it did not settle."""
@@ -102,7 +93,7 @@ def answer_table(c: pd.DataFrame) -> pd.DataFrame:
     layers) at which a settled cell's median reaches RECALL, its mixer and variant; "none"
     with the best settled cell where none does."""
     rows = []
-    for s in _settings(c):
+    for s in frontier.task_settings(c):
         g = answerable(c[c["task_setting"] == s])
         good = g[g["accuracy"] >= RECALL].sort_values(
             ["share", "attention_layers", "accuracy"], ascending=[True, True, False],
@@ -186,7 +177,7 @@ def blocks(run: Run) -> list[tuple]:
               "attention, above all below 3:1. The stacks' points on the frontier of "
               "accuracy against state (Quality when trained) sit at their total state, the "
               "sum of their layers'.")]
-    for s in _settings(p):
+    for s in frontier.task_settings(p):
         g = p[p["task_setting"] == s]
         out += [("h", 3, s),
                 ("img", plots.share_plot(g, s, pdir / f"hybrid_share_{_slug(s)}.png",
