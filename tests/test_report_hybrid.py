@@ -172,3 +172,16 @@ def test_the_frontier_draws_a_stack_at_its_total_state(tmp_path, monkeypatch):
     n, d, heads = 128, 32, 2  # 3 recurrent states D^2 and one cache 2 N D, per head
     assert state["gated_deltanet*3+sdpa"] == 4 * heads * (3 * d * d + 2 * n * d)
     assert state["sdpa"] == 4 * heads * 4 * 2 * n * d
+
+
+def test_the_section_marks_and_explains_each_mark_once(tmp_path):
+    # one rule for a cell's marks and their footnote (harness.report.cells): an unsettled,
+    # seed-sensitive cell reads `°§` once, and each mark's paragraph appears once
+    rows = (_seeds("gla", (0.10, 0.60), settled=False) + _seeds("gla*3+sdpa", (0.9, 0.95))
+            + _seeds("sdpa", (1.0, 1.0)))
+    blocks = hybrid.blocks(report_run.read(_folder(tmp_path, rows)))
+    table = next(b[1] for b in blocks if b[0] == "table")
+    gla = table[table["mixer"] == "gla"].iloc[0]
+    assert gla["share 0 (no attention)"] == "0.350 [0.100–0.600]°§"
+    text = " ".join(b[1] for b in blocks if b[0] == "p")
+    assert text.count("°: not settled") == 1 and text.count("§: seed-sensitive") == 1

@@ -28,9 +28,9 @@ def test_build_holds_the_order_and_the_writers_only():
                if isinstance(n, ast.FunctionDef) and n.name in adapters), adapters
 
 
-SECTION_MODULES = ("summary", "answers", "layers", "complexity", "crossover", "by_length",
-                   "scaling", "budget", "pareto", "gflops", "unmeasured", "settings",
-                   "environment")
+SECTION_MODULES = ("summary", "answers", "hybrid", "layers", "complexity", "crossover",
+                   "by_length", "scaling", "budget", "pareto", "gflops", "unmeasured",
+                   "settings", "environment")
 
 
 def test_every_section_module_has_one_entry_for_a_run_and_build_orders_them():

@@ -59,8 +59,9 @@ def with_sizes(tr: pd.DataFrame) -> pd.DataFrame:
     return df.assign(size=sizes)
 
 
-def _task_settings(df: pd.DataFrame) -> list[str]:
-    """Causal first, then by task, N, pairs."""
+def task_settings(df: pd.DataFrame) -> list[str]:
+    """df's `task_setting` names in the report's order: causal first, then by task, N,
+    pairs."""
     first = df.drop_duplicates("task_setting")
     key = {r.task_setting: (not r.causal, r.task, r.seq_len,
                             -1 if pd.isna(r.num_kv_pairs) else r.num_kv_pairs, r.vocab_size)
@@ -87,7 +88,7 @@ def smallest_state_table(tr: pd.DataFrame) -> pd.DataFrame:
     every = _frontier_rows(tr)
     df = answerable(every)
     rows = []
-    for s in _task_settings(every):
+    for s in task_settings(every):
         g = df[df["task_setting"] == s]
         if g.empty:
             rows.append({"task setting": s, "smallest state reaching 0.9": "no settled cell"})
@@ -139,7 +140,7 @@ def frontier_blocks(tr: pd.DataFrame, pdir: Path) -> list[tuple]:
               "bar from the lowest seed to the highest; a hollow marker: the cell had not "
               "settled (its number ranks nothing). A variant is better where its line sits "
               "higher at the same state."), *unsettled_note(tr)]
-    for s in _task_settings(df):
+    for s in task_settings(df):
         g = df[df["task_setting"] == s].assign(
             line=lambda d: d["variant"], hollow=lambda d: [
                 known_false(v) or ((v is None or pd.isna(v)) and r is not None

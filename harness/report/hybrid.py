@@ -5,10 +5,11 @@ of their layers that are full softmax attention, one line per linear mixer.
 Reads train.csv's `attention_layers` (how many of a model's layers are exact attention)
 and `mixer` (its other layers' mixers, "+"-joined; empty for attention only), on every
 row, plain mixers' too: a file without them, or without a stack, has no section. A cell is
-one configuration over its seeds (median accuracy, min-max range); ° marks a cell that
-did not settle (a seed's `settled` is False: drawn hollow, kept out of the answers and
-the order), § one whose seeds differ by more than SEED_SPREAD. At each share the line's
-point is the mixer's best settled cell there (its best unsettled one where none settled).
+one configuration over its seeds, read as every trained section reads it
+(harness.report.cells: median accuracy, min-max range, the marks ° not settled and §
+seed-sensitive); a cell that did not settle is drawn hollow and kept out of the answers
+and the order. At each share the line's point is the mixer's best settled cell there (its
+best unsettled one where none settled).
 Wang et al. 2025 ("A Systematic Analysis of Hybrid Linear Attention", arXiv:2507.06457)
 report that recall rises sharply with the share of attention below 3:1 and that a linear
 mixer's standalone rank does not predict its rank in a hybrid: `order_sentence` checks the
@@ -24,25 +25,13 @@ from pathlib import Path
 import pandas as pd
 
 from harness.report import frontier, plots
+from harness.report.cells import answerable, cells, footnote, known_false, range_text
 from harness.report.run import Run
 
 TITLE = "Recall against the share of attention layers"
 HYBRID = "hybrid"  # the `family` of a layer pattern's rows
 RECALL = 0.9
-SEED_SPREAD = 0.2  # a cell whose seeds' accuracies differ by more is seed-sensitive
-UNSETTLED, SENSITIVE = "°", "§"
 COLUMNS = ("attention_layers", "mixer")
-# A cell: a trained row's configuration but for its seed.
-CELL = ["variant", "params", "task", "task_params", "seq_len", "num_kv_pairs", "vocab_size",
-        "causal", "d_model", "layers", "heads", "mlp"]
-
-
-def _flag(v):
-    """True, False or None (empty) from a bool, a numpy bool or its text."""
-    if v is None or (not isinstance(v, str) and pd.isna(v)):
-        return None
-    s = str(v).strip().lower()
-    return True if s in ("true", "1", "1.0") else False if s in ("false", "0", "0.0") else None
 
 
 def stack_rows(tr: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -61,59 +50,10 @@ def stack_rows(tr: pd.DataFrame | None) -> pd.DataFrame | None:
     return None if ok.empty else ok
 
 
-def cells(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: the first seed's row with `accuracy` the median over the cell's
-    seeds, `acc_min`, `acc_max`, `seeds`, `settled` (False when a seed did not settle, True
-    when every seed did, else None), `seed_sensitive`, `rising` and `lr_at_edge` (any
-    seed's)."""
-    out = []
-    for _, g in rows.sort_values("seed", kind="stable").groupby(CELL, sort=False,
-                                                                 dropna=False):
-        acc = g["accuracy"]
-        settled = [_flag(v) for v in g.get("settled", pd.Series([None] * len(g)))]
-        out.append({**g.iloc[0].to_dict(), "accuracy": float(acc.median()),
-                    "acc_min": float(acc.min()), "acc_max": float(acc.max()),
-                    "seeds": len(g),
-                    "settled": False if False in settled else
-                    True if all(s is True for s in settled) else None,
-                    "seed_sensitive": len(g) > 1 and acc.max() - acc.min() > SEED_SPREAD + 1e-9,
-                    "rising": any(_flag(v) for v in g["rising"]),
-                    "lr_at_edge": any(_flag(v) for v in g["lr_at_edge"])})
-    return pd.DataFrame(out)
-
-
-def _unsettled(v) -> bool:
-    """A `settled` known to be False (numpy's False too); None and empty are unknown."""
-    return _flag(v) is False
-
-
-def _settings(df: pd.DataFrame) -> list[str]:
-    """Task settings: causal first, then by task, N, pairs (the frontier's order)."""
-    first = df.drop_duplicates("task_setting")
-    key = {r.task_setting: (not r.causal, r.task, r.seq_len,
-                            -1 if pd.isna(r.num_kv_pairs) else r.num_kv_pairs, r.vocab_size)
-           for r in first.itertuples()}
-    return sorted(key, key=key.get)
-
-
-def marks(c) -> str:
-    """° not settled, § seed-sensitive, then the trained section's † and ‡."""
-    return (UNSETTLED if _unsettled(c["settled"]) else "") \
-        + (SENSITIVE if c["seed_sensitive"] else "") + frontier.marks(c)
-
-
-def range_text(c) -> str:
-    """`0.512 [0.400–0.620]` for a cell of several seeds, else the accuracy; with marks."""
-    text = f"{c['accuracy']:.3f}"
-    if c["seeds"] > 1:
-        text += f" [{c['acc_min']:.3f}–{c['acc_max']:.3f}]"
-    return text + marks(c)
-
-
 def points(c: pd.DataFrame) -> pd.DataFrame:
     """Per task setting, mixer and share: the best settled cell (the best unsettled one
     where none settled), with `hollow` saying it did not settle."""
-    ranked = c.assign(hollow=[_unsettled(v) for v in c["settled"]]).sort_values(
+    ranked = c.assign(hollow=[known_false(v) for v in c["settled"]]).sort_values(
         ["hollow", "accuracy"], ascending=[True, False], kind="stable")
     return ranked.drop_duplicates(["task_setting", "mixer", "share"]).sort_values(
         ["task_setting", "mixer", "share"]).reset_index(drop=True)
@@ -153,8 +93,8 @@ def answer_table(c: pd.DataFrame) -> pd.DataFrame:
     layers) at which a settled cell's median reaches RECALL, its mixer and variant; "none"
     with the best settled cell where none does."""
     rows = []
-    for s in _settings(c):
-        g = c[(c["task_setting"] == s) & ~c["settled"].map(_unsettled)]
+    for s in frontier.task_settings(c):
+        g = answerable(c[c["task_setting"] == s])
         good = g[g["accuracy"] >= RECALL].sort_values(
             ["share", "attention_layers", "accuracy"], ascending=[True, True, False],
             kind="stable")
@@ -206,17 +146,6 @@ def order_sentence(p: pd.DataFrame) -> str:
                    "rank.")
 
 
-def _footnote(c: pd.DataFrame) -> list[tuple]:
-    parts = []
-    if c["settled"].map(_unsettled).any():
-        parts.append(f"{UNSETTLED}: not settled (a seed's winning run ended at its step cap "
-                     "still gaining): drawn hollow, kept out of the answers and the order")
-    if c["seed_sensitive"].any():
-        parts.append(f"{SENSITIVE}: seed-sensitive: the cell's seeds differ by more than "
-                     f"{SEED_SPREAD:g} in accuracy")
-    return ([("p", "; ".join(parts) + ".")] if parts else []) + frontier.footnote(c)
-
-
 def answer_blocks(tr: pd.DataFrame | None) -> list[tuple]:
     """The Answers line: per task setting, the fewest attention layers that reach 0.9."""
     rows = stack_rows(tr)
@@ -248,11 +177,11 @@ def blocks(run: Run) -> list[tuple]:
               "attention, above all below 3:1. The stacks' points on the frontier of "
               "accuracy against state (Quality when trained) sit at their total state, the "
               "sum of their layers'.")]
-    for s in _settings(p):
+    for s in frontier.task_settings(p):
         g = p[p["task_setting"] == s]
         out += [("h", 3, s),
                 ("img", plots.share_plot(g, s, pdir / f"hybrid_share_{_slug(s)}.png",
                                          RECALL), f"accuracy against the share of attention: {s}"),
                 ("table", share_table(g)),
                 ("p", order_sentence(g))]
-    return out + _footnote(c)
+    return out + footnote(c)
