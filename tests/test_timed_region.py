@@ -11,7 +11,8 @@ Planted and seen failing (then reverted): the timed forward calling `module(...)
 (the checks per call: mamba2's range check is a reduction and a host read per input); a
 `q.clone()` in `timing.forward_fn` and in `forward_backward_fn`; the decode loop calling
 `Variant.step` (check per token); slicing the tokens inside the timed loop; the rewind
-to the context inside the timed call instead of the untimed setup.
+to the context inside the timed call instead of the untimed setup; a stack's timed loop
+stepping its first layer only, and a torch.cat of a stack's outputs inside it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import variants
-from harness.measure import decode, matrix, timing, worker
+from harness.measure import decode, layers, matrix, timing, worker
 from harness.measure.inputs import make_inputs
 from variants.core import decoder, interface
 
@@ -154,6 +155,52 @@ def test_a_decode_repeat_is_the_steps_alone(monkeypatch, name):
         got = decode.measure(case, module, torch.device("cpu"), "retime")
     assert got["status"] == "ok", got
     assert seen["calls"] == T
+    assert not seen["checks"], f"checks inside the timed loop: {dict(seen['checks'])}"
+    assert not seen["outside"], f"work outside the steps: {dict(seen['outside'])}"
+
+
+@pytest.mark.parametrize("spec, per_layer", [
+    ("gated_deltanet*3+sdpa", ["gated_deltanet"] * 3 + ["sdpa"]),
+    ("sdpa*2", ["sdpa", "sdpa"]),
+    ("sdpa*1", ["sdpa"]),
+])
+def test_a_stacks_decode_repeat_is_every_layers_steps_alone(monkeypatch, spec, per_layer):
+    """A layer pattern: a timed repeat is T steps of every layer, each token through the
+    layers in turn, and nothing else; every layer's state rewound by the untimed setup."""
+    T = 3
+    case = _case(spec, "decode", N=80, T=T)
+    stack = layers.build(case)
+    assert [m.name for m in stack.layers] == per_layer
+    depth, order = [0], []
+    for i, m in enumerate(stack.layers):
+        real_step = m.decode_step
+
+        def spy(*a, _real=real_step, _i=i, **kw):
+            depth[0] += 1
+            order.append(_i)
+            try:
+                return _real(*a, **kw)
+            finally:
+                depth[0] -= 1
+
+        m.decode_step = spy
+    seen = {}
+    with _counting_checks(monkeypatch) as checks:
+        def fake(fn, setup=None, **kw):
+            assert setup is not None, "no untimed rewind: a repeat would grow the context"
+            setup()
+            checks.clear()
+            order.clear()
+            with _Ops(depth) as ops:
+                fn()
+            seen.update(outside=ops.outside, checks=Counter(checks), order=list(order))
+            setup()
+            return timing.Timing(1.0, 0.0, 2, (1.0, 1.0))
+
+        monkeypatch.setattr(timing, "time_call", fake)
+        got = decode.measure(case, stack, torch.device("cpu"), "retime")
+    assert got["status"] == "ok", got
+    assert seen["order"] == list(range(len(per_layer))) * T  # token by token, every layer
     assert not seen["checks"], f"checks inside the timed loop: {dict(seen['checks'])}"
     assert not seen["outside"], f"work outside the steps: {dict(seen['outside'])}"
 

@@ -24,6 +24,7 @@ from tabulate import tabulate
 import variants
 from harness.models import capture
 from harness.measure import estimate
+from harness.measure import layers
 from harness.measure import maps
 from harness.cli import modules
 from harness.cluster import executors
@@ -217,7 +218,7 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
         print(f"  {name}: from {origin}")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
-    decoding = [(c, decode_bytes(c, variants.build(c.variant, **c.param_dict)))
+    decoding = [(c, decode_bytes(c, layers.build(c)))
                 for c, why, _ in planned if c.decode and not why]
     sized = [(c, b) for c, b in decoding if b is not None]
     if sized:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import variants
 from harness.cluster import engine
 from harness.cluster import executors as ex
 from harness.cluster.shards import MATRIX
-from harness.measure import estimate, loop, rows, runner
+from harness.measure import estimate, layers, loop, rows, runner
 from harness.measure.matrix import Case
 from harness.measure.store import RunStore, environment, matmul_fp32_gflops, matmul_rates
 
@@ -57,7 +56,7 @@ def _costs(cases: list[Case], rate: float) -> list[tuple[Case, float]]:
 
 
 def _row(case: Case) -> dict:
-    return rows.case_row(case, variants.build(case.variant, **case.param_dict))
+    return rows.case_row(case, layers.build(case))
 
 
 WORK = engine.Work(files=MATRIX, body=measure_shard, costs=_costs, together=Case.series,

@@ -5,10 +5,12 @@ peak memory and error are taken, into results.csv.
     runner.py        the serial run: meta.json (environment, rates, busy samples) around the loop
     loop.py          the measuring loop: the memory guard, a series stopped at its failure, rounds
     rows.py          a case's descriptive columns and the reasons it is skipped
+    layers.py        what a case builds: the variant, or a layer pattern's Stack of layers
+    stack.py         layer patterns ("gated_deltanet*3+sdpa"): parsed, repeated, their state summed
     processes.py     the worker processes seen from the runner: requests, time-outs, crashes
     worker.py        one case in a process of its own (`python -m harness.measure.worker`)
     timing.py        medians and IQRs of timed calls (the call alone: checked once, setup untimed)
-    decode.py        the decode pass: a context drawn into the state, the steps timed, its reference
+    decode.py        the decode pass: each layer's context into its state, steps timed, reference
     memory.py        peak memory (VmHWM on CPU, the CUDA allocator's peak), the guard
     accuracy.py      error against the float64 exact reference
     inputs.py        the synthetic input distributions (`python -m harness.measure.inputs`)

@@ -30,6 +30,15 @@ inputs (gates) with them, from the same seeds, except the gates' per-case parame
 (Mamba2's A_log and dt_bias), drawn once from the case's seed for the whole sequence, as
 a forward case of that seed draws them. For `local` inputs the positional pattern
 therefore restarts every chunk.
+
+A layer pattern (harness.measure.layers.Stack) runs the same pass over its layers: layer l
+draws its own context, tokens and gate parameters from every seed above plus
+l * LAYER_SEED (layer 0 draws what the plain variant draws), prefills its own state, and a
+timed repeat is the T tokens each stepped through every layer in turn (token by token, as
+a model generates), after the rewind of every layer's state. `prefill_ms`,
+`decode_state_mib` and `decode_read_mib` are the sums over the layers; the error columns
+stay empty, with the reason (`layers.NO_REFERENCE`): the row has no single reference, and
+each mixer's own decoding keeps its own tests.
 """
 
 from __future__ import annotations
@@ -38,33 +47,39 @@ import time
 
 import torch
 
-from harness.measure import accuracy, memory, timing
+from harness.measure import accuracy, layers, memory, timing
 from harness.measure.inputs import make_inputs
 
 CHUNK = 8192
 _NEW_TOKENS_SEED = 999_983
+# Layer l of a stack draws from every seed of layer 0 plus l * LAYER_SEED: a prime far above
+# the chunk and token offsets (below 1_000_003), so no two layers or seeds share a draw.
+LAYER_SEED = 1_000_000_007
 
 
-def _draw(case, module, r, dtype, device, seed):
+def _draw(case, module, r, dtype, device, seed, layer=0):
+    seed += layer * LAYER_SEED
     q, k, v = make_inputs(case.input, case.batch, case.heads, r, case.head_dim, dtype=dtype,
                           device=device, seed=seed)
     inputs = module.draw_inputs(case.batch, case.heads, r, case.head_dim, seed=seed,
-                                dtype=dtype, device=device, fixed_seed=case.seed)
+                                dtype=dtype, device=device,
+                                fixed_seed=case.seed + layer * LAYER_SEED)
     return q, k, v, inputs
 
 
-def context_chunks(case, module, dtype, device):
+def context_chunks(case, module, dtype, device, layer=0):
     """The context's (q, k, v, inputs) chunks, (B, H, r, D) each, in order, from the seed
-    (the queries serve a reference that runs the causal forward; the decoder takes k, v)."""
+    (the queries serve a reference that runs the causal forward; the decoder takes k, v);
+    `layer`: a stack's layer, which draws its own."""
     for i, s in enumerate(range(0, case.seq_len, CHUNK)):
         r = min(CHUNK, case.seq_len - s)
-        yield _draw(case, module, r, dtype, device, case.seed * 1_000_003 + i)
+        yield _draw(case, module, r, dtype, device, case.seed * 1_000_003 + i, layer)
 
 
-def new_tokens(case, module, dtype, device):
-    """q, k, v (B, H, T, D) of the T generated tokens, and their inputs."""
+def new_tokens(case, module, dtype, device, layer=0):
+    """q, k, v (B, H, T, D) of the T generated tokens, and their inputs (of `layer`)."""
     return _draw(case, module, case.decode_tokens, dtype, device,
-                 case.seed * 1_000_003 + _NEW_TOKENS_SEED)
+                 case.seed * 1_000_003 + _NEW_TOKENS_SEED, layer)
 
 
 def _sync(device):
@@ -72,11 +87,11 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def prefill(case, module, dtype, device, reference=None):
-    """(state, prefill seconds): the context fed into the state chunk by chunk (and into
-    `reference`, a softmax or recurrence reference below, when given)."""
+def prefill(case, module, dtype, device, reference=None, layer=0):
+    """(state, prefill seconds): the context (of `layer`) fed into the state chunk by chunk
+    (and into `reference`, a softmax or recurrence reference below, when given)."""
     max_len = case.seq_len + case.decode_tokens
-    chunks = context_chunks(case, module, dtype, device)
+    chunks = context_chunks(case, module, dtype, device, layer)
     if reference is not None:
         chunks = _fed(chunks, reference)
     if not module.has_extend():  # one prefill of the whole context
@@ -143,13 +158,17 @@ def tokens(module, q, k, v, inputs) -> list[tuple]:
              {n: x[:, :, t:t + 1] for n, x in inputs.items()}) for t in range(q.shape[-2])]
 
 
-def steps(module, state, toks):
-    """A callable: the decoding steps of `toks` from the state as it is (the method alone,
-    `decode_step`: the tokens were checked by `tokens`); returns their outputs."""
-    step = module.decode_step
+def steps(mods, states, toks):
+    """A callable: the decoding steps of the T tokens, each token through every layer in
+    turn (`mods`, `states` and `toks`, each layer's tokens from `tokens`, one entry a
+    layer), from the states as they are: the method alone (`decode_step`: the tokens were
+    checked by `tokens`), its arguments laid out beforehand; returns the outputs in that
+    order (token-major: token t of layer l is entry t * layers + l)."""
+    plan = [(m.decode_step, s, *tok[t]) for t in range(len(toks[0]))
+            for m, s, tok in zip(mods, states, toks)]
 
     def run():
-        return [step(state, q, k, v, **i)[0] for q, k, v, i in toks]
+        return [step(state, q, k, v, **i)[0] for step, state, q, k, v, i in plan]
 
     return run
 
@@ -169,50 +188,69 @@ def traffic_mib(case, module, state) -> float | None:
     return case.batch * case.heads * (read + write) * per_element / memory.MIB
 
 
+def _sum_or_none(values):
+    values = list(values)
+    return None if None in values else sum(values)
+
+
 def measure(case, module, device, part: str) -> dict:
-    """One part ("memory", "time", "retime") of a decode case: result fields."""
+    """One part ("memory", "time", "retime") of a decode case: result fields. `module`: the
+    case's (harness.measure.layers.build), a variant or a stack of layers."""
     dtype = getattr(torch, case.dtype)
     T = case.decode_tokens
+    mods = layers.of(module)
     with torch.no_grad():
-        q, k, v, inputs = new_tokens(case, module, dtype, device)
-        toks = tokens(module, q, k, v, inputs)
+        drawn = [new_tokens(case, m, dtype, device, layer) for layer, m in enumerate(mods)]
+        toks = [tokens(m, *d) for m, d in zip(mods, drawn)]
         reference = None
-        if part == "time":
+        if part == "time" and module.err_ref is not None:  # a plain variant: one layer
             reference = (RecurrenceReference(module) if module.err_ref == "recurrence"
-                         else SoftmaxReference(q))
+                         else SoftmaxReference(drawn[0][0]))
         before = memory.resident_mib(device)
-        state, prefill_s = prefill(case, module, dtype, device, reference)
+        states, prefill_s = [], 0.0
+        for layer, m in enumerate(mods):
+            state, spent = prefill(case, m, dtype, device, reference, layer)
+            states.append(state)
+            prefill_s += spent
         kept = max(0.0, memory.resident_mib(device) - before)
-        mark = state.mark()
+        marks = [s.mark() for s in states]
 
         def rewind():
-            state.rewind(mark)
+            for s, mark in zip(states, marks):
+                s.rewind(mark)
 
         if part == "memory":
-            one = steps(module, state, toks[:1])
+            one = steps(mods, states, [t[:1] for t in toks])
             one()  # the first step's one-time costs (lazy kernels) are not its peak
             rewind()
             return {"status": "ok", "reason": "", "state_mib": kept,
                     "peak_mem_mib": memory.peak_mib(lambda: (one(), rewind()), device)}
-        run = steps(module, state, toks)
+        run = steps(mods, states, toks)
         start = time.perf_counter()
         out = run()  # warm-up; its outputs are the ones checked
         call_s = time.perf_counter() - start
-        fields = {}
+        fields, reason = {}, ""
         if part == "time":
-            o = torch.cat(out, dim=-2)  # (B, H, T, D)
-            if not bool(torch.isfinite(o).all()):
+            if not all(bool(torch.isfinite(o).all()) for o in out):
                 return {"status": "nonfinite", "reason": "a generated token's output has NaN "
                                                          "or Inf"}
-            err = accuracy.decode_error(o, reference.finish(q, k, v, inputs))
-            fields = {"rel_err": err.rel_err, "max_abs_err": err.max_abs_err,
-                      "err_rows": err.err_rows, "row_cos": err.row_cos,
-                      "prefill_ms": prefill_s * 1e3,
-                      "decode_state_mib": module.state_nbytes(state) / memory.MIB,
-                      "decode_read_mib": traffic_mib(case, module, state)}
+            if reference is None:
+                reason = layers.NO_REFERENCE
+            else:
+                q, k, v, inputs = drawn[0]
+                err = accuracy.decode_error(torch.cat(out, dim=-2),  # (B, H, T, D)
+                                            reference.finish(q, k, v, inputs))
+                fields = {"rel_err": err.rel_err, "max_abs_err": err.max_abs_err,
+                          "err_rows": err.err_rows, "row_cos": err.row_cos}
+            fields.update(
+                prefill_ms=prefill_s * 1e3,
+                decode_state_mib=sum(m.state_nbytes(s) for m, s in zip(mods, states))
+                / memory.MIB,
+                decode_read_mib=_sum_or_none(traffic_mib(case, m, s)
+                                             for m, s in zip(mods, states)))
         t = timing.time_call(run, min_run_time=case.min_run_time_s / case.rounds,
                              min_repeats=-(-case.min_repeats // case.rounds), warmup=0,
                              call_s=call_s, device=device, setup=rewind)
-        return {"status": "ok", "reason": "", "time_ms": t.time_ms / T,
+        return {"status": "ok", "reason": reason, "time_ms": t.time_ms / T,
                 "time_ms_iqr": t.time_ms_iqr / T, "repeats": t.repeats,
                 "samples_ms": [s / T for s in t.samples_ms], **fields}

@@ -13,7 +13,7 @@ refusals need measured peaks, so they are not known here.
 A decode case is bound by drawing its context and reading its state, not by FLOPs: two
 draws of the context (the memory worker's prefill and the time worker's) at
 DRAW_FLOATS_PER_S, then the warm-up and timed repeats of T steps, each reading the state
-(`memory.decode_bytes`) at READ_ASSUMED_GBPS.
+(`memory.decode_bytes`) at READ_ASSUMED_GBPS; a layer pattern draws and steps each layer.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ DRAW_FLOATS_PER_S = 5e7
 READ_ASSUMED_GBPS = 10.0
 
 
-def decode_seconds(case: Case, state_bytes: int | None) -> float:
-    """Predicted wall time of one decode case."""
-    draw = 2 * 3 * case.batch * case.heads * case.seq_len * case.head_dim / DRAW_FLOATS_PER_S
-    step = (state_bytes or 0) / (READ_ASSUMED_GBPS * 1e9) + 1e-4  # + a step's overheads
+def decode_seconds(case: Case, state_bytes: int | None, n_layers: int = 1) -> float:
+    """Predicted wall time of one decode case (of `n_layers` layers: a stack's state_bytes
+    are its whole state; each layer draws its own context and takes its own steps)."""
+    draw = (2 * 3 * n_layers * case.batch * case.heads * case.seq_len * case.head_dim
+            / DRAW_FLOATS_PER_S)
+    step = (state_bytes or 0) / (READ_ASSUMED_GBPS * 1e9) + 1e-4 * n_layers  # + overheads
     run = case.decode_tokens * step
     timed = max(case.min_repeats, case.min_run_time_s / max(run, 1e-9) + 1)
     return min(0.5 + draw + run * (2 + timed), case.timeout_s)
@@ -65,13 +67,12 @@ def plan_cases(cases: list[Case], cpu_rate_flops_per_s: float
 
     A missing CUDA device is not a skip here: the plan is of the run where it will go.
     """
-    import variants
-    from harness.measure import rows
+    from harness.measure import layers, rows
 
     rates = {"cpu": cpu_rate_flops_per_s, "cuda": GPU_ASSUMED_GFLOPS * 1e9}
     out, compiled = [], set()
     for case in cases:
-        module = variants.build(case.variant, **case.param_dict)
+        module = layers.build(case)
         why = [r for r in rows.skip_reasons(case, module) if r != rows.NO_CUDA]
         if why:
             out.append((case, why, SKIPPED_S))
@@ -84,7 +85,8 @@ def plan_cases(cases: list[Case], cpu_rate_flops_per_s: float
         if case.decode:
             from harness.measure.memory import decode_bytes
 
-            out.append((case, why, decode_seconds(case, decode_bytes(case, module))))
+            out.append((case, why, decode_seconds(case, decode_bytes(case, module),
+                                                  len(layers.of(module)))))
             continue
         flops = rows.case_row(case, module)["flops"]
         out.append((case, why, case_seconds(case, flops, rates[case.device], compile_s)))

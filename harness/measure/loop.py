@@ -23,8 +23,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-import variants
-from harness.measure import timing
+from harness.measure import layers, timing
 from harness.measure.matrix import Case
 from harness.measure.memory import MemoryGuard
 from harness.measure.processes import WorkerPair
@@ -94,7 +93,7 @@ def _first_round(case: Case, workers: WorkerPair, guard: MemoryGuard,
 
     Returns (the case's row, None), or (None, round 1's record) when the case is ok and
     has more rounds to come."""
-    module = variants.build(case.variant, **case.param_dict)
+    module = layers.build(case)
     row = case_row(case, module)
     reasons = skip_reasons(case, module)
     guard_reason = None if reasons else guard.refuse_reason(case, module)

@@ -28,7 +28,7 @@ import torch
 
 import variants
 from harness.files import MAPS
-from harness.measure import accuracy
+from harness.measure import accuracy, stack
 from harness.measure.inputs import make_inputs
 from harness.models import capture
 
@@ -43,15 +43,19 @@ DRAWN = 256  # stored maps are at most this many rows and columns
 
 def settings_of(cases) -> list[tuple[str, dict]]:
     """(variant, params) to draw for a run's cases: distinct (family, params) among the
-    non-exact variants, in the order the run has them."""
+    non-exact variants, in the order the run has them; a layer pattern's mixers with their
+    parameters (a stack has no one map)."""
     seen, out = set(), []
     for case in cases:
-        spec = variants.spec(case.variant)
-        key = (spec.family, case.params)
-        if spec.exact or key in seen:
-            continue
-        seen.add(key)
-        out.append((case.variant, case.param_dict))
+        named = ([(n, case.param_dict[n]) for n in stack.mixers(case.variant)]
+                 if stack.is_pattern(case.variant) else [(case.variant, case.param_dict)])
+        for name, params in named:
+            spec = variants.spec(name)
+            key = (spec.family, json.dumps(params, sort_keys=True))
+            if spec.exact or key in seen:
+                continue
+            seen.add(key)
+            out.append((name, params))
     return out
 
 

@@ -1,7 +1,8 @@
 """A case's row before anything is measured: its descriptive columns (`case_row`) and the
 reasons, known beforehand, that it is `skipped` (`skip_reasons`: declared by the variant,
 a missing device, a captured input without the variant's gates). The runner knows no
-variant by name: it asks the registry's module for each.
+variant by name: it asks the case's module for each (harness.measure.layers.build: a
+variant, or a layer pattern's stack, whose forward passes are skipped with the reason).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from harness.models import capture
+from harness.measure import layers
 from harness.measure.inputs import DISTRIBUTIONS
 from harness.measure.matrix import Case
 
@@ -41,6 +43,8 @@ def skip_reasons(case: Case, module) -> list[str]:
     reasons = []
     if case.device == "cuda" and not torch.cuda.is_available():
         reasons.append(NO_CUDA)
+    if isinstance(module, layers.Stack) and not case.decode:
+        return reasons + [layers.FORWARD_REASON]
     reasons += module.unsupported_reasons(device=case.device, dtype=getattr(torch, case.dtype),
                                           causal=case.causal, seq_len=case.seq_len,
                                           head_dim=case.head_dim, backward=case.backward)

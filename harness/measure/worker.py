@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-import variants
 from harness.measure import accuracy
 from harness.measure import decode
+from harness.measure import layers
 from harness.models import capture
 from harness.measure import memory
 from harness.measure import timing
@@ -75,8 +75,8 @@ def run_case(case: Case, part: str) -> dict:
     dtype = getattr(torch, case.dtype)
     common = {"threads": torch.get_num_threads()}
     try:
-        module = variants.build(case.variant, **case.param_dict).to(device)
-        if case.decode:  # its context is drawn chunk by chunk into the state (decode.py)
+        module = layers.build(case).to(device)  # a variant, or a layer pattern's stack
+        if case.decode:  # its context is drawn chunk by chunk into each state (decode.py)
             if device.type == "cpu":
                 memory.cap_address_space(case.mem_limit_mib)
             try:
@@ -127,7 +127,7 @@ def _measure_memory(case: Case, module, q, k, v, device, inputs: dict) -> dict:
     # A throwaway module of the same setting pays this process's one-time costs first
     # (lazy initialisation of torch's kernels and thread pools, a compile), so that what
     # `module`'s preparation and first call leave resident is its own state.
-    first = variants.build(case.variant, **case.param_dict).to(device)
+    first = layers.build(case).to(device)
     _prepare(case, first, q, k, v, device)
     _prepared(case, first, q, k, v, inputs)()
     _drop_grads(case, q, k, v, *inputs.values())

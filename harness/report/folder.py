@@ -115,7 +115,8 @@ def read_results(csv_path: Path) -> pd.DataFrame:
     df["exact"] = (df["exact"].map(lambda v: None if pd.isna(v) else _as_bool(v, "exact"))
                    if "exact" in df.columns else None)
     # What the error columns were measured against; runs written before the column: softmax.
-    df["err_ref"] = df["err_ref"].fillna("softmax") if "err_ref" in df.columns else "softmax"
+    # Empty in a run that has it: no single reference (a layer pattern's decode row).
+    df["err_ref"] = df["err_ref"] if "err_ref" in df.columns else "softmax"
     unknown = sorted(set(df["status"]) - set(STATUSES))
     if unknown:
         raise UsageError(f"{csv_path}: unknown status value(s): {', '.join(map(str, unknown))}")

@@ -70,8 +70,11 @@ def against_softmax(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def against_own(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows whose error is against the variant's own float64 form (a recurrence)."""
-    return df[df["err_ref"] != "softmax"] if "err_ref" in df.columns else df.iloc[:0]
+    """The rows whose error is against the variant's own float64 form (a recurrence); not
+    those with no reference (err_ref empty: a layer pattern's decode row)."""
+    if "err_ref" not in df.columns:
+        return df.iloc[:0]
+    return df[df["err_ref"].notna() & (df["err_ref"] != "softmax")]
 
 
 def metric_pivot(group: pd.DataFrame, metric: str, fmt=fmt_num) -> pd.DataFrame:

@@ -1,0 +1,94 @@
+"""What the harness builds for a case: its layers, one built module a layer.
+
+A plain variant is one layer, the module `variants.build` returns. A layer pattern
+("gated_deltanet*3+sdpa", harness.measure.stack) is a `Stack`: its mixers built one a layer,
+each with its own parameters (the case's params JSON maps each mixer to its full
+parameters), seen by the runner, the worker, the plan and the rows through the same
+descriptive half of the variant interface a plain variant offers (family, state_size, the
+reasons it cannot run, ...), summed or joined over its layers. Every caller builds a
+case's module with `build(case)`, so a pattern never reaches `variants.build` as a name;
+the decode pass steps `of(module)`, the layers, in turn.
+
+A pattern is a model's layers: it is measured per generated token in the decode pass and
+trained by `run_bench.py train`; its forward passes are not cases of their own
+(FORWARD_REASON), and its decode row has no single reference (NO_REFERENCE).
+"""
+
+from __future__ import annotations
+
+import json
+
+import variants
+from harness.measure import stack
+
+FORWARD_REASON = ("a layer pattern is a model's layers: measured per token in the decode "
+                  "pass and trained by `train`; its forward pass is not a case")
+NO_REFERENCE = ("a layer pattern's decode row has no single reference: its layers' tokens "
+                "are drawn apart, and each mixer's own decoding is tested against its own")
+
+
+class Stack:
+    """A layer pattern as one case's module: `layers` (built, in layer order) and what the
+    rows, the skips, the guard and the plan read of a module, over all of them."""
+
+    family = stack.FAMILY
+    err_ref = None  # no single reference: the error columns stay empty (NO_REFERENCE)
+    exact = False
+
+    def __init__(self, spec: str, params: dict[str, dict]):
+        self.name = spec
+        self.layers = tuple(variants.build(n, **params.get(n, {})) for n in stack.parse(spec))
+
+    def to(self, device) -> "Stack":
+        for m in self.layers:
+            m.to(device)
+        return self
+
+    @property
+    def supports_causal(self) -> bool:
+        return all(m.supports_causal for m in self.layers)
+
+    @property
+    def compiles(self) -> bool:
+        return any(m.compiles for m in self.layers)
+
+    @property
+    def inputs(self) -> tuple:
+        return tuple({s.name: s for m in self.layers for s in m.inputs}.values())
+
+    def exact_at(self, seq_len: int, causal: bool = False) -> bool:
+        return False
+
+    def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:
+        return sum(m.flops(B, H, N, D, causal) for m in self.layers)
+
+    def state_size(self, N: int, D: int) -> int | None:
+        """The sum of the layers' own state_size(N, D); None when one does not say."""
+        sizes = [m.state_size(N, D) for m in self.layers]
+        return None if None in sizes else sum(sizes)
+
+    def keys_per_query(self, N: int, causal: bool = False) -> None:
+        return None  # no one budget: each layer attends its own way
+
+    def unsupported_reasons(self, **case) -> list[str]:
+        return _joined(m.unsupported_reasons(**case) for m in self.layers)
+
+    def decode_reasons(self) -> list[str]:
+        return _joined(m.decode_reasons() for m in self.layers)
+
+
+def _joined(lists) -> list[str]:
+    return list(dict.fromkeys(r for reasons in lists for r in reasons))
+
+
+def build(case):
+    """The module of a case: the registered variant built with its parameters, or the
+    `Stack` of a layer pattern."""
+    if stack.is_pattern(case.variant):
+        return Stack(case.variant, json.loads(case.params))
+    return variants.build(case.variant, **case.param_dict)
+
+
+def of(module) -> tuple:
+    """The layers a case's module steps through: a stack's, or the variant alone."""
+    return module.layers if isinstance(module, Stack) else (module,)
