@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness.measure import stack
+from harness.measure import layers
 from harness.cli import modules
 from harness.cli.run import _parse, _rerun, _run_id
 from harness.cluster import executors
@@ -75,7 +75,7 @@ def estimate_seconds(configs: list[tm.TrainConfig], log_path: Path | None = None
 
     trainable = []
     for c in configs:
-        module = stack.build(c.variant, c.param_dict)
+        module = layers.build(c)
         if not [r for r in runner.skip_reasons(c, module) if r != NO_CUDA]:
             trainable.append(c)
     with tempfile.TemporaryDirectory() as tmp:

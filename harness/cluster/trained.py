@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.measure import stack
+from harness.measure import layers
 from harness.cluster import engine
 from harness.cluster import executors as ex
 from harness.cluster.shards import TRAIN
@@ -46,11 +46,11 @@ def _costs(configs: list[TrainConfig], rate: float) -> list[tuple[TrainConfig, f
     """The split's costs: the protocol's steps at the FLOP model's step (relative costs are
     what balances shards; no probe runs on the submitting machine)."""
     return [(c, estimate.config_seconds(c, estimate.flop_step_seconds(
-        c, stack.build(c.variant, c.param_dict), rate))) for c in configs]
+        c, layers.build(c), rate))) for c in configs]
 
 
 def _row(config: TrainConfig) -> dict:
-    return runner.config_row(config, stack.build(config.variant, config.param_dict))
+    return runner.config_row(config, layers.build(config))
 
 
 def _cell(config: TrainConfig) -> str:

@@ -76,17 +76,30 @@ class Stack:
     def decode_reasons(self) -> list[str]:
         return _joined(m.decode_reasons() for m in self.layers)
 
+    def key_mask(self, N: int):
+        return None  # several mixers: no one fixed pattern of keys
+
 
 def _joined(lists) -> list[str]:
     return list(dict.fromkeys(r for reasons in lists for r in reasons))
 
 
+def build_mixer(spec: str, params: dict):
+    """The module that stands for a mixer: the registered variant of a plain name built with
+    `params`, or the `Stack` of a layer pattern (`params`: mixer name -> its parameters)."""
+    return Stack(spec, params) if stack.is_pattern(spec) else variants.build(spec, **params)
+
+
 def build(case):
-    """The module of a case: the registered variant built with its parameters, or the
-    `Stack` of a layer pattern."""
-    if stack.is_pattern(case.variant):
-        return Stack(case.variant, json.loads(case.params))
-    return variants.build(case.variant, **case.param_dict)
+    """The module of a case (a benchmark case or a training configuration: its `variant`
+    and its params JSON)."""
+    return build_mixer(case.variant, json.loads(case.params))
+
+
+def repeats(module, layers: int) -> int:
+    """How many times a model of `layers` layers repeats the module's layers (a plain
+    variant: once a layer)."""
+    return layers // len(of(module))
 
 
 def of(module) -> tuple:

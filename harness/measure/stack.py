@@ -11,8 +11,8 @@ and full attention; MiniMax-01 and Jamba: 7:1; Samba: Mamba with sliding-window
 attention). A plain name is a model of one mixer, not a pattern.
 
 Everything here reads only the registry: the trained model builds one mixer per layer from
-`layers_of`, the decode pass steps each layer in turn, and a stack's state is the sum of
-its layers' own (`state_size`).
+`layers_of`; harness.measure.layers builds a pattern's layers as one module (`Stack`),
+which the decode pass steps in turn and whose state is the sum of its layers' own.
 """
 
 from __future__ import annotations
@@ -73,59 +73,6 @@ def attention_share(spec: str, layers: int, full: frozenset[str]) -> float:
     """The fraction of a model's layers whose mixer is in `full` (e.g. the exact family)."""
     per_layer = layers_of(spec, layers)
     return sum(name in full for name in per_layer) / len(per_layer)
-
-
-def params_of(spec: str, params: dict) -> dict[str, dict]:
-    """Mixer name -> its parameters: a pattern's params already map them; a plain name's
-    params are that variant's."""
-    return params if is_pattern(spec) else {spec: params}
-
-
-class Stack:
-    """A layer pattern where the harness describes a model by its mixer: the family
-    (`hybrid`), the reasons it cannot run (any layer's, named by its mixer), its FLOPs per
-    layer, no fixed key pattern. One module per distinct mixer, built with its parameters
-    (`params`: mixer name -> parameters)."""
-
-    family = FAMILY
-
-    def __init__(self, spec: str, params: dict[str, dict]):
-        self.name, self.unit = spec, parse(spec)
-        self.modules = {n: variants.build(n, **params.get(n, {})) for n in mixers(spec)}
-
-    def layer_modules(self, layers: int) -> list:
-        return [self.modules[n] for n in layers_of(self.name, layers)]
-
-    def unsupported_reasons(self, **case) -> list[str]:
-        return [f"{n}: {r}" for n, m in self.modules.items() for r in m.unsupported_reasons(**case)]
-
-    def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> float:
-        """Forward FLOPs of one layer, averaged over the pattern: `layers` times this is the
-        model's (layers is a multiple of the pattern's length)."""
-        return sum(self.modules[n].flops(B, H, N, D, causal) for n in self.unit) / len(self.unit)
-
-    def key_mask(self, N: int):
-        return None  # several mixers: no one fixed pattern of keys
-
-
-def build(spec: str, params: dict):
-    """The module that stands for a model's mixer: the variant of a plain name, else a Stack."""
-    return Stack(spec, params) if is_pattern(spec) else variants.build(spec, **params)
-
-
-def model_state(module, layers: int, N: int, D: int) -> int | None:
-    """Elements a model of `layers` layers keeps per (batch, head) at context N: the sum over
-    its layers of each mixer's own `state_size(N, D)` (`module` from `build`). None when any
-    layer's mixer declares no state size."""
-    per_layer = module.layer_modules(layers) if isinstance(module, Stack) else [module] * layers
-    sizes = [m.state_size(N, D) for m in per_layer]
-    return None if None in sizes else sum(sizes)
-
-
-def state_size(spec: str, layers: int, params: dict[str, dict], N: int, D: int) -> int | None:
-    """`model_state` of a pattern or plain name whose mixers take `params` (name -> params)."""
-    return model_state(build(spec, params if is_pattern(spec) else params.get(spec, {})),
-                       layers, N, D)
 
 
 def composition(spec: str, layers: int) -> tuple[int, str]:

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+import variants
+
 from harness.measure import accuracy
 from harness.measure import decode
 from harness.measure import layers

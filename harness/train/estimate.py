@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from harness.measure import layers
 from harness.measure.estimate import GPU_ASSUMED_GFLOPS
 from harness.measure.rows import NO_CUDA
 from harness.train import race
@@ -46,7 +47,9 @@ def forward_flops(config: TrainConfig, module, batch: int) -> float:
     d, N, L = config.d_model, config.seq_len, config.layers
     tokens = batch * N
     per_token = 8 * d * d + 2 * 3 * d + (16 * d * d if config.mlp else 0)  # qkv+out, conv, mlp
-    attention = module.flops(batch, config.heads, N, config.head_dim, config.causal)
+    # per layer: a layer pattern's module counts its layers, repeated to L
+    attention = module.flops(batch, config.heads, N, config.head_dim, config.causal) \
+        / len(layers.of(module))
     scored = batch * config.task_param_dict.get("num_kv_pairs", N)  # the head's rows
     return L * (tokens * per_token + attention) + scored * 2 * d * config.vocab_size
 
@@ -162,11 +165,9 @@ def plan_seconds(configs: list[TrainConfig], step_seconds: Callable,
     GPU preset is planned on a CPU machine, at the FLOP model's assumed GPU rate).
     `step_seconds(config, module)` is a step's cost (`probe`, or a model of it);
     `skip_reasons(config, module)` the runner's."""
-    from harness.measure import stack
-
     out = []
     for c in configs:
-        module = stack.build(c.variant, c.param_dict)
+        module = layers.build(c)
         why = [r for r in skip_reasons(c, module) if r != NO_CUDA]
         if why:
             out.append((c, 0.0, why))

@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from harness.measure import stack
+from harness.measure import layers, stack
 from harness.measure.rows import NO_CUDA
 from harness.train import tasks, trainer
 from harness.train.matrix import TrainConfig
@@ -44,8 +44,9 @@ def state_elements(config: TrainConfig, module) -> int | None:
     layer pattern's layers each their own). The same number on non-causal rows, where it is
     what one query reads (Linformer 2 k D, Nystrom 2 m D: the compressed keys and values).
     None where a mixer does not say."""
-    state = stack.model_state(module, config.layers, config.seq_len, config.head_dim)
-    return None if state is None else config.heads * state
+    state = module.state_size(config.seq_len, config.head_dim)  # a stack's: its layers' sum
+    return None if state is None else \
+        layers.repeats(module, config.layers) * config.heads * state
 
 
 def config_row(config: TrainConfig, module) -> dict:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness.measure import stack
+from harness.measure import layers
 from harness.measure.processes import Worker
 from harness.measure.rows import STATUSES
 from harness.measure.store import environment, now
@@ -105,7 +105,7 @@ def train_cell(cell: list[TrainConfig], sweeper: Sweeper, done: dict[str, dict |
     row is done but not at hand), yielded as each finishes: declared skips, else the race
     on the first seed and one run per later seed at the rate it picked."""
     first = cell[0]
-    module = stack.build(first.variant, first.param_dict)
+    module = layers.build(first)
     reasons = skip_reasons(first, module)
     chosen = None
     for config in cell:
