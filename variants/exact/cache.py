@@ -7,7 +7,8 @@ each laid out for that:
 
     s = q K^T / sqrt(D)      # K (B, H, L, D) as it arrives: n dots of D contiguous numbers
     p = softmax(s)           # in place, in a buffer preallocated to L (no page faults)
-    o = p V = (V^T p^T)^T    # V kept transposed, (B, H, D, L): D long dots over n
+    o = p V / sum p          # V kept transposed, (B, H, D, L): D long dots over n,
+                             #   one gemv a head at long contexts
 
 Each layout was chosen against the others by interleaved A/B timings in one process (B =
 1, H = 8, D = 64, float32, 512K and 1M tokens, one and two threads), each pass's time
@@ -36,6 +37,11 @@ from ..core import DecodeState, softmax_, softmax_scale
 
 # Dtypes whose scores the three passes keep in the cache's own dtype.
 _OWN_DTYPE = (torch.float32, torch.float64)
+# Values (n D a head) from which V^T p runs as one torch.mv a head rather than one bmm:
+# at 1M tokens the loop of gemvs took less time than the batched product (the batched
+# one is a matrix product with one column); at short contexts one call costs less than
+# B H of them.
+_MV_FROM = 1 << 16
 
 
 @dataclasses.dataclass
@@ -98,6 +104,15 @@ class ExactCache(DecodeState):
         Vt = self.v[:, :, :, :n].reshape(B * H, D, n)
         s = self.scores[:B * H * n].view(B * H, 1, n)  # contiguous, written in place
         torch.bmm(q.reshape(B * H, 1, D) * softmax_scale(D), K.transpose(1, 2), out=s)
-        softmax_(s)
-        o = torch.bmm(Vt, s.transpose(1, 2))  # (B H, D, 1)
-        return o.view(B, H, 1, D)
+        softmax_(s)  # aten's fused kernel: one parallel region, its sum in SIMD lanes
+        # ... which drift over a long sharp row (at 256K keys, 3-4x SDPA's error against
+        # float64); torch.sum's cascade sum of the weights gives the row's sum again, and
+        # the output is divided by it (one more read of the weights).
+        den = s.sum(dim=-1)  # (B H, 1), 1 to rounding
+        if n * D < _MV_FROM:
+            o = torch.bmm(Vt, s.transpose(1, 2)).view(B * H, D)
+        else:
+            o = q.new_empty(B * H, D)
+            for i in range(B * H):  # one matrix-vector product a head: BLAS's gemv
+                torch.mv(Vt[i], s[i, 0], out=o[i])
+        return o.div_(den).view(B, H, 1, D)
