@@ -37,11 +37,12 @@ from ..core import DecodeState, softmax_, softmax_scale
 
 # Dtypes whose scores the three passes keep in the cache's own dtype.
 _OWN_DTYPE = (torch.float32, torch.float64)
-# Values (n D a head) from which V^T p runs as one torch.mv a head rather than one bmm:
-# at 1M tokens the loop of gemvs took less time than the batched product (the batched
-# one is a matrix product with one column); at short contexts one call costs less than
-# B H of them.
-_MV_FROM = 1 << 16
+# Values (n D a head) from which V^T p runs as one torch.mv a head rather than one bmm,
+# and the output is renormalised (16K tokens at D = 64): at 1M tokens the loop of gemvs
+# took less time than the batched product (the batched one is a matrix product with one
+# column); at 1K the loop and the renormalisation cost more than they save, and a short
+# row's sum does not drift.
+_MV_FROM = 1 << 20
 
 
 @dataclasses.dataclass
@@ -103,16 +104,16 @@ class ExactCache(DecodeState):
         K = self.k[:, :, :n].reshape(B * H, n, D)  # a view: B and H merge
         Vt = self.v[:, :, :, :n].reshape(B * H, D, n)
         s = self.scores[:B * H * n].view(B * H, 1, n)  # contiguous, written in place
-        torch.bmm(q.reshape(B * H, 1, D) * softmax_scale(D), K.transpose(1, 2), out=s)
+        torch.baddbmm(s, q.reshape(B * H, 1, D), K.transpose(1, 2), beta=0,
+                      alpha=softmax_scale(D), out=s)  # q K^T / sqrt(D), one call
         softmax_(s)  # aten's fused kernel: one parallel region, its sum in SIMD lanes
-        # ... which drift over a long sharp row (at 256K keys, 3-4x SDPA's error against
-        # float64); torch.sum's cascade sum of the weights gives the row's sum again, and
-        # the output is divided by it (one more read of the weights).
+        if n * D < _MV_FROM:  # a short row: few calls matter more than the lanes' drift
+            return torch.bmm(Vt, s.transpose(1, 2)).view(B, H, 1, D)  # (B H, D, 1)
+        # The lanes' sums drift over a long sharp row (at 256K keys, 3-4x SDPA's error
+        # against float64); torch.sum's cascade sum of the weights gives the row's sum
+        # again, and the output is divided by it (one more read of the weights).
         den = s.sum(dim=-1)  # (B H, 1), 1 to rounding
-        if n * D < _MV_FROM:
-            o = torch.bmm(Vt, s.transpose(1, 2)).view(B * H, D)
-        else:
-            o = q.new_empty(B * H, D)
-            for i in range(B * H):  # one matrix-vector product a head: BLAS's gemv
-                torch.mv(Vt[i], s[i, 0], out=o[i])
+        o = q.new_empty(B * H, D)
+        for i in range(B * H):  # one matrix-vector product a head: BLAS's gemv
+            torch.mv(Vt[i], s[i, 0], out=o[i])
         return o.div_(den).view(B, H, 1, D)
