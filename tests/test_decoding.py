@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import variants
 from variants import exact_reference
+from variants.exact import cache as exact_cache
 
 B, H, D, T = 2, 3, 8, 6
 
@@ -328,10 +329,15 @@ def test_an_exact_step_at_a_long_context_is_as_accurate_as_sdpa(name):
 
 
 @pytest.mark.parametrize("name", ["standard", "sdpa"])
-@pytest.mark.parametrize("P", [100, 1 << 17])  # p V by one bmm, and by one gemv a head
-def test_exact_decoding_takes_both_value_products_exactly(name, P):
+@pytest.mark.parametrize("P", [100, 1 << 17])  # D = 8: 2^17 keys reach 2^20 values
+@pytest.mark.parametrize("gemv", [False, True])
+def test_exact_decoding_takes_every_value_product_exactly(name, P, gemv, monkeypatch):
+    """A short row (one bmm), a long one renormalised, and with one gemv a head (from
+    2^24 values a head: brought down here to the long row's)."""
+    if gemv:
+        monkeypatch.setattr(exact_cache, "_MV_FROM", 1 << 20)
     m = variants.build(name)
-    q, k, v = _qkv(P + 2, torch.float64, seed=9)  # D = 8: 2^17 keys reach 2^20 values
+    q, k, v = _qkv(P + 2, torch.float64, seed=9)
     rows = exact_reference(q, k, v, causal=True, rows=torch.arange(P, P + 2))
     got, _ = _generate(m, q, k, v, P)
     assert _rel(got, rows) < 1e-10

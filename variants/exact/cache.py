@@ -8,7 +8,7 @@ each laid out for that:
     s = q K^T / sqrt(D)      # K (B, H, L, D) as it arrives: n dots of D contiguous numbers
     p = softmax(s)           # in place, in a buffer preallocated to L (no page faults)
     o = p V / sum p          # V kept transposed, (B, H, D, L): D long dots over n,
-                             #   one gemv a head at long contexts
+                             #   one gemv a head at the longest contexts
 
 Each layout was chosen against the others by interleaved A/B timings in one process (B =
 1, H = 8, D = 64, float32, 512K and 1M tokens, one and two threads), each pass's time
@@ -37,12 +37,15 @@ from ..core import DecodeState, softmax_, softmax_scale
 
 # Dtypes whose scores the three passes keep in the cache's own dtype.
 _OWN_DTYPE = (torch.float32, torch.float64)
-# Values (n D a head) from which V^T p runs as one torch.mv a head rather than one bmm,
-# and the output is renormalised (16K tokens at D = 64): at 1M tokens the loop of gemvs
-# took less time than the batched product (the batched one is a matrix product with one
-# column); at 1K the loop and the renormalisation cost more than they save, and a short
-# row's sum does not drift.
-_MV_FROM = 1 << 20
+# Values (n D a head) from which the output is renormalised (16K tokens at D = 64): a
+# short row's sum does not drift.
+_RENORM_FROM = 1 << 20
+# ... and from which V^T p runs as one torch.mv a head rather than one bmm (256K tokens at
+# D = 64): at 1M tokens the loop of gemvs took less time than the batched product (a
+# matrix product with one column), but each call is a parallel region, and where another
+# process holds a core each region waits for it (at 16K-64K tokens on a busy machine the
+# loop's calls cost more than they saved).
+_MV_FROM = 1 << 24
 
 
 @dataclasses.dataclass
@@ -107,13 +110,16 @@ class ExactCache(DecodeState):
         torch.baddbmm(s, q.reshape(B * H, 1, D), K.transpose(1, 2), beta=0,
                       alpha=softmax_scale(D), out=s)  # q K^T / sqrt(D), one call
         softmax_(s)  # aten's fused kernel: one parallel region, its sum in SIMD lanes
-        if n * D < _MV_FROM:  # a short row: few calls matter more than the lanes' drift
+        if n * D < _RENORM_FROM:  # a short row: few calls matter more than the lanes' drift
             return torch.bmm(Vt, s.transpose(1, 2)).view(B, H, 1, D)  # (B H, D, 1)
         # The lanes' sums drift over a long sharp row (at 256K keys, 3-4x SDPA's error
         # against float64); torch.sum's cascade sum of the weights gives the row's sum
         # again, and the output is divided by it (one more read of the weights).
         den = s.sum(dim=-1)  # (B H, 1), 1 to rounding
-        o = q.new_empty(B * H, D)
-        for i in range(B * H):  # one matrix-vector product a head: BLAS's gemv
-            torch.mv(Vt[i], s[i, 0], out=o[i])
+        if n * D < _MV_FROM:
+            o = torch.bmm(Vt, s.transpose(1, 2)).view(B * H, D)
+        else:
+            o = q.new_empty(B * H, D)
+            for i in range(B * H):  # one matrix-vector product a head: BLAS's gemv
+                torch.mv(Vt[i], s[i, 0], out=o[i])
         return o.div_(den).view(B, H, 1, D)
