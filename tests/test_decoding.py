@@ -8,8 +8,12 @@ variant's chunk or window boundary, then several steps that cross it.
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import variants
+from variants import exact_reference
+from variants.exact import cache as exact_cache
 
 B, H, D, T = 2, 3, 8, 6
 
@@ -193,3 +197,147 @@ def test_a_context_prefilled_in_pieces_decodes_as_one_prefill(name):
         out.append(o)
     full = m(q, k, v, causal=True, **inputs)
     assert _rel(torch.cat(out, dim=-2), full[:, :, P:]) < 1e-10
+
+
+@pytest.mark.parametrize("name", _decoders())
+def test_decoding_in_bfloat16_is_within_twice_the_forward_rounding(name):
+    """bfloat16 decodes as its forward computes: the same casts, normalisations and gate
+    scores, so the tokens are as close to float64 as the forward's rows are."""
+    m = variants.build(name, **SETTINGS.get(name, {}))
+    P = 70
+    q, k, v = _qkv(P + T, torch.bfloat16, seed=1)
+    inputs = _inputs(m, P + T, torch.bfloat16, seed=1)
+    ref = m(*(t.double() for t in (q, k, v)), causal=True,
+            **{n: x.double() for n, x in inputs.items()})[:, :, P:]
+    e = _rel(m(q, k, v, causal=True, **inputs)[:, :, P:], ref)
+    got, _ = _generate(m, q, k, v, P, inputs)
+    assert _rel(got, ref) <= 2 * e + 1e-6, (name, _rel(got, ref), e)
+
+
+def test_a_retention_step_builds_no_decay(monkeypatch):
+    """γ_h does not change from token to token: built once (at the prefill), not per step."""
+    m = variants.build("retention")
+    q, k, v = _qkv(10 + T, torch.float32, seed=4)
+    state = m.prefill(k[:, :, :10], v[:, :, :10], max_len=10 + T)
+    calls = []
+    for fn in ("log1p", "pow", "arange"):
+        real = getattr(torch, fn)
+        monkeypatch.setattr(torch, fn, lambda *a, _r=real, _n=fn, **kw: calls.append(_n)
+                            or _r(*a, **kw))
+    for t in range(10, 10 + T):
+        _, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
+    assert calls == []
+    monkeypatch.undo()
+    full = m(q, k, v, causal=True)
+    state = m.prefill(k[:, :, :10], v[:, :, :10], max_len=10 + T)
+    got = torch.cat([m.step(state, *(x[:, :, t:t + 1] for x in (q, k, v)))[0]
+                     for t in range(10, 10 + T)], dim=-2)
+    assert _rel(got, full[:, :, 10:]) < 1e-5
+
+
+class _Fresh(TorchDispatchMode):
+    """Records every tensor an op makes that aliases none of its inputs: (op, numel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ins = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
+               if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in ins:
+                self.made.append((str(func), t.numel()))
+        return out
+
+
+def _largest_made_by_a_step(m, N, **params):
+    q, k, v = _qkv(N + 1, torch.float32, seed=5)
+    state = m.prefill(k[:, :, :N], v[:, :, :N], max_len=N + 1)
+    with _Fresh() as spy:
+        m.step(state, q[:, :, N:], k[:, :, N:], v[:, :, N:])
+    return max(spy.made, key=lambda x: x[1])
+
+
+@pytest.mark.parametrize("name", ["standard", "sdpa"])
+def test_an_exact_step_makes_nothing_the_size_of_its_context(name):
+    """The scores live in a buffer kept with the cache and the softmax runs in place: a
+    step at context n makes no tensor of n numbers a head (at 1M tokens, 32 MiB faulted
+    in page by page every token)."""
+    op, numel = _largest_made_by_a_step(variants.build(name), 300)
+    assert numel < B * H * 300 // 4, (op, numel)
+
+
+def test_a_moba_step_reads_the_block_statistics_in_place():
+    """MoBA scores the complete blocks' means where the state keeps them: a step copies no
+    tensor the size of the block statistics (own blocks x D a head)."""
+    m = variants.build("moba", block_size=4, top_k=3)
+    op, numel = _largest_made_by_a_step(m, 400)  # 100 blocks; a step reads 3 of 4 keys
+    assert numel < B * H * 100 * D // 4, (op, numel)
+
+
+@pytest.mark.parametrize("name", ["moba", "quest"])
+def test_routed_decoding_in_bfloat16_equals_the_forward_rows(name):
+    """Gates scored in the attention's dtype, in the forward and in the step alike: in
+    bfloat16 every generated row picks the forward's blocks and equals its row."""
+    m = variants.build(name, **{"moba": {"block_size": 4, "top_k": 3},
+                                "quest": {"page_size": 4, "top_k": 3}}[name])
+    P, n = 64, 64
+    q, k, v = _qkv(P + n, torch.bfloat16, seed=6)
+    full = m(q, k, v, causal=True)[:, :, P:]  # (B, H, n, D)
+    state = m.prefill(k[:, :, :P], v[:, :, :P], max_len=P + n)
+    got = torch.cat([m.step(state, *(x[:, :, t:t + 1] for x in (q, k, v)))[0]
+                     for t in range(P, P + n)], dim=-2)
+    diff = (got.double() - full.double()).norm(dim=-1) / full.double().norm(dim=-1)
+    assert int((diff > 1e-2).sum()) == 0, (name, int((diff > 1e-2).sum()), diff.numel())
+
+
+@pytest.mark.parametrize("name", ["moba", "quest"])
+@pytest.mark.parametrize("P", [18, 20])
+def test_a_rewound_block_state_holds_the_context_s_statistics(name, P):
+    """`mark` keeps only the block the context ends in; `rewind` restores it and empties
+    the blocks later tokens filled: the statistics equal a fresh prefill's."""
+    m = variants.build(name, **SETTINGS[name])
+    q, k, v = _qkv(P + 10, torch.float32, seed=7)
+    state = m.prefill(k[:, :, :P], v[:, :, :P], max_len=P + 10)
+    mark = state.mark()
+    for t in range(P, P + 10):
+        m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
+    state.rewind(mark)
+    fresh = m.prefill(k[:, :, :P], v[:, :, :P], max_len=P + 10)
+    assert state.n == fresh.n
+    for a, b in ((state.lo, fresh.lo), (state.hi, fresh.hi)):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["standard", "sdpa"])
+def test_an_exact_step_at_a_long_context_is_as_accurate_as_sdpa(name):
+    """One sharp query row over 2^18 keys in float32: the decoder's error against float64
+    is within 1.5x of SDPA's on the same row. aten's softmax sums the weights in SIMD
+    lanes, which drifts (here 3.7x SDPA's error); the decoder divides by a cascade sum."""
+    g = torch.Generator().manual_seed(8)
+    N = 1 << 18
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (1, N, N))
+    q = 4 * q  # sharp attention: a few weights carry the row
+    m = variants.build(name)
+    state = m.prefill(k[:, :, :-1], v[:, :, :-1], max_len=N)
+    o, _ = m.step(state, q, k[:, :, -1:], v[:, :, -1:])
+    ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4, dim=-1) @ v.double()
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert _rel(o, ref) <= 1.5 * _rel(sdpa, ref), (_rel(o, ref), _rel(sdpa, ref))
+
+
+@pytest.mark.parametrize("name", ["standard", "sdpa"])
+@pytest.mark.parametrize("P", [100, 1 << 17])  # D = 8: 2^17 keys reach 2^20 values
+@pytest.mark.parametrize("gemv", [False, True])
+def test_exact_decoding_takes_every_value_product_exactly(name, P, gemv, monkeypatch):
+    """A short row (one bmm), a long one renormalised, and with one gemv a head (from
+    2^24 values a head: brought down here to the long row's)."""
+    if gemv:
+        monkeypatch.setattr(exact_cache, "_MV_FROM", 1 << 20)
+    m = variants.build(name)
+    q, k, v = _qkv(P + 2, torch.float64, seed=9)
+    rows = exact_reference(q, k, v, causal=True, rows=torch.arange(P, P + 2))
+    got, _ = _generate(m, q, k, v, P)
+    assert _rel(got, rows) < 1e-10

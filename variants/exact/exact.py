@@ -12,7 +12,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..core import CacheDecoder, KVCache, Variant, naive_attention, register
+from ..core import CacheDecoder, Variant, naive_attention, register
+from .cache import ExactCache
 
 
 class _Exact(CacheDecoder, Variant):
@@ -29,15 +30,13 @@ class _Exact(CacheDecoder, Variant):
         return 2 * N * D  # the key-value cache
 
     def decode_prefill(self, k, v, max_len):
-        return KVCache.prefill(k, v, max_len)  # preallocated, written in place per token
+        return ExactCache.prefill(k, v, max_len)  # preallocated, written in place per token
 
     def decode_step(self, state, q, k, v):
-        state.append(k, v)
-        return self.attend_cache(q, state.keys(), state.values()), state
-
-    def attend_cache(self, q, K, V):
-        """One query row (B, H, 1, D) over the n cached keys and values (B, H, n, D)."""
-        raise NotImplementedError
+        """One exact decoder for every exact variant (`cache.py`): a query row has nothing
+        for a fused kernel to fuse, and its time is the read of the cache."""
+        state.extend(k, v)
+        return state.attend(q), state
 
 
 @register
@@ -53,9 +52,6 @@ class Standard(_Exact):
     def attend(self, q, k, v, causal):
         return naive_attention(q, k, v, causal)
 
-    def attend_cache(self, q, K, V):
-        return naive_attention(q, K, V)  # (B, H, 1, n) scores: one row needs no mask
-
 
 @register
 class SDPA(_Exact):
@@ -65,9 +61,6 @@ class SDPA(_Exact):
 
     def attend(self, q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    def attend_cache(self, q, K, V):
-        return F.scaled_dot_product_attention(q, K, V)  # the newest row sees every key
 
 
 def xformers_reasons(device: torch.device, dtype: torch.dtype) -> list[str]:
@@ -128,9 +121,3 @@ class XFormers(_Exact):
         bias = LowerTriangularMask() if causal else None
         o = memory_efficient_attention(q, k, v, attn_bias=bias)
         return o.transpose(1, 2)  # (B, H, N, D)
-
-    def attend_cache(self, q, K, V):
-        from xformers.ops import memory_efficient_attention
-
-        q, K, V = (t.transpose(1, 2) for t in (q, K, V))  # (B, n, H, D)
-        return memory_efficient_attention(q, K, V).transpose(1, 2)  # (B, H, 1, D)

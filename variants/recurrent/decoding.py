@@ -1,5 +1,7 @@
 """The family's decoding form: the (D, Dv) state S after the context, then one recurrence
-step per token (the recurrence of `reference.py`, in the compute dtype).
+step per token (the recurrence of `reference.py`, in the compute dtype). The terms enter
+as the forward's do (`Recurrent._in`): cast to the compute dtype first, then L2-normalised
+(the delta rule), so that in bfloat16 a token's output rounds as its forward row does.
 
 A prefill without the delta rule needs no step at all: with G the cumulative log-decay
 of a block of r tokens (G_r its total), S <- exp(G_r) S + sum_j exp(G_r - G_j) k_j^T v_j,
@@ -28,10 +30,6 @@ class RecurrentState(DecodeState):
     S: torch.Tensor
 
 
-def _cast(terms, dt):
-    return tuple(None if t is None else t.to(dt) for t in terms)
-
-
 class RecurrentDecoding:
     """Mixed into `Recurrent`: prefill, extend and step on its `_terms`."""
 
@@ -41,7 +39,7 @@ class RecurrentDecoding:
         return self.decode_extend(RecurrentState(S), k, v, **inputs)
 
     def decode_extend(self, state, k, v, **inputs):
-        _, k, v, g, beta = _cast(self._terms(k, k, v, inputs), state.S.dtype)
+        _, k, v, g, beta = self._in(k, k, v, inputs, state.S.dtype)
         if beta is not None and g is not None and g.dim() == 4:  # a decay per channel
             for t in range(k.shape[-2]):
                 _write(state.S, k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t])
@@ -67,7 +65,7 @@ class RecurrentDecoding:
 
     def decode_step(self, state, q, k, v, **inputs):
         dtype = q.dtype
-        q, k, v, g, beta = _cast(self._terms(q, k, v, inputs), state.S.dtype)
+        q, k, v, g, beta = self._in(q, k, v, inputs, state.S.dtype)
         _write(state.S, k[:, :, 0], v[:, :, 0], None if g is None else g[:, :, 0],
                None if beta is None else beta[:, :, 0])
         o = (q[:, :, 0, None, :] @ state.S) * q.shape[-1] ** -0.5  # (B, H, 1, Dv)

@@ -8,6 +8,7 @@ Accumulation dtype: float64 stays, everything else computes in float32 and casts
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -140,11 +141,18 @@ class Retention(Recurrent):
 
 
 def retention_log_decay(q: torch.Tensor) -> torch.Tensor:
-    """log γ_h for each head h = 0..H-1, expanded to (B, H, N)."""
+    """log γ_h for each head h = 0..H-1, expanded to (B, H, N) (a view: read only)."""
     B, H, N, _ = q.shape
-    h = torch.arange(H, dtype=torch.float64)
-    g = torch.log1p(-torch.pow(2.0, -5.0 - h)).to(q.dtype).to(q.device)
-    return g[None, :, None].expand(B, H, N)
+    return _head_log_decay(H, q.dtype, q.device)[None, :, None].expand(B, H, N)
+
+
+@functools.lru_cache(maxsize=None)
+def _head_log_decay(H: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(H,) log γ_h, built once per (H, dtype, device): a decode step reads it, never
+    rebuilds it (four small ops and a host-to-device copy a token otherwise)."""
+    with torch.inference_mode(False):  # kept: usable by later calls with autograd too
+        h = torch.arange(H, dtype=torch.float64)
+        return torch.log1p(-torch.pow(2.0, -5.0 - h)).to(dtype).to(device)
 
 
 @register

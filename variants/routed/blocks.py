@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from ..core import Variant, softmax_scale
+from ..core import Variant, compute_dtype, softmax_scale
 from .decoding import BlockDecoding
 from .routed_rows import routed_block_attention
 from .routing import block_count, selected_keys, top_blocks
@@ -40,10 +40,14 @@ class BlockRouted(BlockDecoding, Variant):
     def select(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
         """The blocks each query reads, (B, H, N, kk) long, kk = min(top_k, blocks): best
         gate score first; causal: its own block first and -1 where fewer blocks precede
-        it. Not differentiated."""
+        it. Not differentiated. Scored in the dtype the attention computes in (float32
+        for bfloat16), as the decoder scores them: bfloat16 block statistics and scores
+        tie and round apart, and another block set is another output."""
+        cd = compute_dtype(q.dtype)
         with torch.no_grad():
-            return top_blocks(self.gate(k.detach()), q.detach(), block_count(q.shape[-2],
-                              self.block), self.block, self.params.top_k, causal)
+            return top_blocks(self.gate(k.detach().to(cd)), q.detach().to(cd),
+                              block_count(q.shape[-2], self.block), self.block,
+                              self.params.top_k, causal)
 
     def attend(self, q, k, v, causal):
         if q.shape[-2] == 0:

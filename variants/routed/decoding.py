@@ -1,13 +1,16 @@
 """The decoding form of `moba` and `quest`: per step, score the blocks (pages) of the
 cache and read only the chosen ones.
 
-The state is the key-value cache and a statistic per block of it, kept as tokens arrive:
-MoBA's key sums (a complete block's mean is its sum over b), Quest's elementwise key min
-and max. A new token i joins its own block; its gate scores the blocks wholly before it
-(complete, so their statistics are those the causal forward uses) and it attends, exactly,
-to its own block's keys up to i and those of the top kk - 1 earlier blocks, kk =
-min(top_k, blocks of the whole sequence): the causal rule of `routing.top_blocks`, one
-row at a time, in O(nb D + kk b D) per step.
+The state is the key-value cache and a statistic per block of it, kept as tokens arrive
+in the dtype the attention computes in (float32 for bfloat16, as the forward's gate):
+MoBA's key sum while a block fills, turned into its mean once, when its last key arrives;
+Quest's elementwise key min and max. A new token i joins its own block; its gate scores
+the blocks wholly before it (complete, so their statistics are those the causal forward
+uses: a step reads them in place, no copy) and it attends, exactly, to its own block's
+keys up to i and those of the top kk - 1 earlier blocks, kk = min(top_k, blocks of the
+whole sequence): the causal rule of `routing.top_blocks`, one row at a time, in O(nb D +
+kk b D) per step, the chosen keys and values cast to the compute dtype as the forward's
+kernel casts them.
 """
 
 from __future__ import annotations
@@ -17,25 +20,40 @@ from typing import ClassVar
 
 import torch
 
-from ..core import KVCache, softmax_scale
+from ..core import KVCache, compute_dtype, softmax_scale
 from .routing import block_count
 
 
 @dataclasses.dataclass
 class BlockStatsCache(KVCache):
-    """The cache and per-block statistics (B, H, nb, D): sums (MoBA) or lo and hi (Quest)."""
+    """The cache and per-block statistics (B, H, nb, D) in the compute dtype: MoBA's means
+    of complete blocks (the sum of the filling one) in `lo`, or Quest's min and max in
+    `lo` and `hi`; `b` keys a block, `kk` blocks a step reads; built once: `offsets`, the
+    b positions of a block, and `rows`, each (batch, head)'s first row in the cache's
+    (B H L, D) rows, (B, H, 1)."""
     lo: torch.Tensor | None = None
     hi: torch.Tensor | None = None
     kk: int = 1
+    b: int = 1
+    offsets: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
 
     def mark(self):
-        return self.n, self.lo.clone(), None if self.hi is None else self.hi.clone()
+        """The length and the statistics of the block it ends in: the only block a later
+        token changes that already held a key (the later ones are reset)."""
+        j = self.n // self.b
+        part = lambda x: None if x is None else x[:, :, j:j + 1].clone()  # noqa: E731
+        return self.n, part(self.lo), part(self.hi)
 
     def rewind(self, mark) -> None:
-        self.n = mark[0]
-        self.lo.copy_(mark[1])
-        if self.hi is not None:
-            self.hi.copy_(mark[2])
+        n, lo, hi = mark
+        j, end = n // self.b, block_count(self.n, self.b)
+        for stat, saved, empty in ((self.lo, lo, 0.0 if self.hi is None else float("inf")),
+                                   (self.hi, hi, float("-inf"))):
+            if stat is not None and j < stat.shape[2]:
+                stat[:, :, j + 1:end] = empty
+                stat[:, :, j:j + 1] = saved
+        self.n = n
 
 
 class BlockDecoding:
@@ -50,26 +68,29 @@ class BlockDecoding:
 
     def decode_prefill(self, k, v, max_len):
         B, H, N, D = k.shape
-        nb = block_count(max_len, self.block)
+        b, nb, cd = self.block, block_count(max_len, self.block), compute_dtype(k.dtype)
         cache = KVCache.prefill(k[:, :, :0], v[:, :, :0], max_len)
         if self.block_stat == "sum":
-            lo, hi = k.new_zeros(B, H, nb, D), None
+            lo, hi = k.new_zeros(B, H, nb, D, dtype=cd), None
         else:
-            lo = k.new_full((B, H, nb, D), float("inf"))
-            hi = k.new_full((B, H, nb, D), float("-inf"))
-        state = BlockStatsCache(cache.k, cache.v, 0, lo, hi,
-                                min(self.params.top_k, nb))
+            lo = k.new_full((B, H, nb, D), float("inf"), dtype=cd)
+            hi = k.new_full((B, H, nb, D), float("-inf"), dtype=cd)
+        rows = (torch.arange(B * H, device=k.device) * max_len).view(B, H, 1)
+        state = BlockStatsCache(cache.k, cache.v, 0, lo, hi, min(self.params.top_k, nb), b,
+                                torch.arange(b, device=k.device), rows)
         return self.decode_extend(state, k, v)
 
     def decode_extend(self, state, k, v):
-        b, r = self.block, k.shape[-2]
-        blocks = torch.arange(state.n, state.n + r, device=k.device) // b  # (r,)
+        b, r, n = self.block, k.shape[-2], state.n
+        blocks = torch.arange(n, n + r, device=k.device) // b  # (r,)
         idx = blocks[None, None, :, None].expand_as(k)
+        kc = k.to(state.lo.dtype)
         if self.block_stat == "sum":
-            state.lo.scatter_add_(2, idx, k)
+            state.lo.scatter_add_(2, idx, kc)
+            state.lo[:, :, n // b:(n + r) // b] /= b  # the blocks it completed: sums to means
         else:
-            state.lo.scatter_reduce_(2, idx, k, "amin")
-            state.hi.scatter_reduce_(2, idx, k, "amax")
+            state.lo.scatter_reduce_(2, idx, kc, "amin")
+            state.hi.scatter_reduce_(2, idx, kc, "amax")
         state.extend(k, v)
         return state
 
@@ -78,19 +99,24 @@ class BlockDecoding:
         self.decode_extend(state, k, v)
         own = i // b
         B, H = q.shape[:2]
+        qc = q.to(state.lo.dtype)  # (B, H, 1, D) in the compute dtype
         chosen = torch.full((B, H, 1), own, dtype=torch.long, device=q.device)
         m = min(state.kk - 1, own)
         if m > 0:  # the best earlier blocks by the gate, all of them complete
             if self.block_stat == "sum":
-                scores = q @ (state.lo[:, :, :own] / b).transpose(-1, -2)  # (B, H, 1, own)
+                scores = qc @ state.lo[:, :, :own].transpose(-1, -2)  # (B, H, 1, own)
             else:
-                scores = (q.clamp(min=0) @ state.hi[:, :, :own].transpose(-1, -2)
-                          + q.clamp(max=0) @ state.lo[:, :, :own].transpose(-1, -2))
+                scores = (qc.clamp(min=0) @ state.hi[:, :, :own].transpose(-1, -2)
+                          + qc.clamp(max=0) @ state.lo[:, :, :own].transpose(-1, -2))
             chosen = torch.cat([chosen, scores[:, :, 0].topk(m, dim=-1).indices], dim=-1)
-        keys = (chosen[..., None] * b + torch.arange(b, device=q.device)).flatten(2)  # (B, H, L)
+        keys = (chosen[..., None] * b + state.offsets).flatten(2)  # (B, H, L)
         later = keys > i  # the own block's keys after i (and past the cache's end)
-        gather = keys.clamp(max=i)[..., None].expand(-1, -1, -1, q.shape[-1])
-        K, V = state.k.gather(2, gather), state.v.gather(2, gather)  # (B, H, L, D)
-        s = (q * softmax_scale(q.shape[-1])) @ K.transpose(-1, -2)  # (B, H, 1, L)
+        # Whole rows of the (B H max_len, D) cache by index_select: gather over dim 2, with
+        # its index expanded over D, took twice as long and more (interleaved, 4096 blocks).
+        at = (keys.clamp(max=i) + state.rows).flatten()
+        D = q.shape[-1]
+        K, V = (x.view(-1, D).index_select(0, at).view(B, H, -1, D).to(qc.dtype)
+                for x in (state.k, state.v))  # (B, H, L, D)
+        s = (qc * softmax_scale(D)) @ K.transpose(-1, -2)  # (B, H, 1, L)
         s = s.masked_fill(later[:, :, None, :], float("-inf"))
-        return torch.softmax(s, dim=-1) @ V, state
+        return (torch.softmax(s, dim=-1) @ V).to(q.dtype), state

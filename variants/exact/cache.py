@@ -1,0 +1,125 @@
+"""The exact decoder: one new query row over a key-value cache, softmax(q K^T / sqrt(D)) V,
+for every exact variant (`standard`, `sdpa`, `xformers`).
+
+A step at a long context is a read of the cache and nothing else: 2 n D numbers a head
+for 4 n D FLOPs, so its time is the time to stream the cache once. It is three passes,
+each laid out for that:
+
+    s = q K^T / sqrt(D)      # K (B, H, L, D) as it arrives: n dots of D contiguous numbers
+    p = softmax(s)           # in place, in a buffer preallocated to L (no page faults)
+    o = p V / sum p          # V kept transposed, (B, H, D, L): D long dots over n,
+                             #   one gemv a head at the longest contexts
+
+Each layout was chosen against the others by interleaved A/B timings in one process (B =
+1, H = 8, D = 64, float32, 512K and 1M tokens, one and two threads), each pass's time
+against a sum over the same bytes beside it; `tests/benchmarks/test_decode.py` times the
+same alternatives on demand. q K^T over K as it arrives was no slower than over K stored
+transposed; p V over V stored transposed (long dot products) was faster than over V as
+it arrives; a softmax into a fresh tensor of n numbers a head had its pages faulted in
+on every call (the worker runs with glibc's mmap threshold at 64 KiB), which a kept
+buffer does not; SDPA's CPU kernel tiles the keys for a block of queries, and with one
+query row its small matrix products and exp pass cost more than the read.
+
+Exact in any dtype: float32 and float64 run the three passes in their own dtype (the
+scores in the cache's dtype, as SDPA's math path); a lower precision keeps V as it
+arrives and runs SDPA over the cache, whose kernel keeps the scores in float32 (a
+transposed V would be copied by it every step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from ..core import DecodeState, softmax_, softmax_scale
+
+# Dtypes whose scores the three passes keep in the cache's own dtype.
+_OWN_DTYPE = (torch.float32, torch.float64)
+# Values (n D a head) from which the output is renormalised (16K tokens at D = 64): a
+# short row's sum does not drift.
+_RENORM_FROM = 1 << 20
+# ... and from which V^T p runs as one torch.mv a head rather than one bmm (256K tokens at
+# D = 64): at 1M tokens the loop of gemvs took less time than the batched product (a
+# matrix product with one column), but each call is a parallel region, and where another
+# process holds a core each region waits for it (at 16K-64K tokens on a busy machine the
+# loop's calls cost more than they saved).
+_MV_FROM = 1 << 24
+
+
+@dataclasses.dataclass
+class ExactCache(DecodeState):
+    """Keys (B, H, L, D) and values, L = max_len, the first `n` tokens written; the values
+    transposed, (B, H, D, L), where the three passes run (float32, float64), as they
+    arrive otherwise. A scores buffer of B H L numbers goes with it (not state: it holds
+    nothing between steps, and is not counted in `nbytes`)."""
+    k: torch.Tensor
+    v: torch.Tensor
+    n: int
+
+    def __post_init__(self):
+        B, H, L, _ = self.k.shape
+        self.transposed = self.k.dtype in _OWN_DTYPE
+        self.scores = self.k.new_empty(B * H * L if self.transposed else 0)
+
+    @classmethod
+    def prefill(cls, k: torch.Tensor, v: torch.Tensor, max_len: int) -> "ExactCache":
+        B, H, N, D = k.shape
+        shape = (B, H, D, max_len) if k.dtype in _OWN_DTYPE else (B, H, max_len, D)
+        state = cls(k.new_empty(B, H, max_len, D), v.new_empty(shape), 0)
+        state.extend(k, v)
+        return state
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write (B, H, r, D) keys and values after those held, in place."""
+        r, n = k.shape[-2], self.n
+        if n + r > self.k.shape[-2]:
+            raise ValueError(f"the cache is full: max_len = {self.k.shape[-2]} tokens")
+        self.k[:, :, n:n + r] = k
+        if self.transposed:
+            self.v[:, :, :, n:n + r] = v.transpose(-1, -2)
+        else:
+            self.v[:, :, n:n + r] = v
+        self.n += r
+
+    def keys(self) -> torch.Tensor:
+        return self.k[:, :, :self.n]  # (B, H, n, D), a view
+
+    def values(self) -> torch.Tensor:
+        """(B, H, n, D), a view (strided where the values are kept transposed)."""
+        if self.transposed:
+            return self.v[:, :, :, :self.n].transpose(-1, -2)
+        return self.v[:, :, :self.n]
+
+    def mark(self) -> int:
+        return self.n
+
+    def rewind(self, mark: int) -> None:
+        self.n = mark  # later tokens are overwritten by the next writes
+
+    def attend(self, q: torch.Tensor) -> torch.Tensor:
+        """The row of one query q (B, H, 1, D) over the n cached tokens: (B, H, 1, D)."""
+        if not self.transposed:
+            return F.scaled_dot_product_attention(q, self.keys(), self.values())
+        B, H, _, D = q.shape
+        n = self.n
+        K = self.k[:, :, :n].reshape(B * H, n, D)  # a view: B and H merge
+        Vt = self.v[:, :, :, :n].reshape(B * H, D, n)
+        s = self.scores[:B * H * n].view(B * H, 1, n)  # contiguous, written in place
+        torch.baddbmm(s, q.reshape(B * H, 1, D), K.transpose(1, 2), beta=0,
+                      alpha=softmax_scale(D), out=s)  # q K^T / sqrt(D), one call
+        softmax_(s)  # aten's fused kernel: one parallel region, its sum in SIMD lanes
+        if n * D < _RENORM_FROM:  # a short row: few calls matter more than the lanes' drift
+            return torch.bmm(Vt, s.transpose(1, 2)).view(B, H, 1, D)  # (B H, D, 1)
+        # The lanes' sums drift over a long sharp row (at 256K keys, 3-4x SDPA's error
+        # against float64); torch.sum's cascade sum of the weights gives the row's sum
+        # again, and the output is divided by it (one more read of the weights).
+        den = s.sum(dim=-1)  # (B H, 1), 1 to rounding
+        if n * D < _MV_FROM:
+            o = torch.bmm(Vt, s.transpose(1, 2)).view(B * H, D)
+        else:
+            o = q.new_empty(B * H, D)
+            for i in range(B * H):  # one matrix-vector product a head: BLAS's gemv
+                torch.mv(Vt[i], s[i, 0], out=o[i])
+        return o.div_(den).view(B, H, 1, D)
