@@ -136,6 +136,22 @@ def test_a_pattern_with_an_unknown_mixer_is_exit_2(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+def test_the_plan_of_a_pattern_prints_and_names_the_origin_of_its_mixers(tmp_path, capsys,
+                                                                          monkeypatch):
+    """--dry-run lists where each variant from outside the package comes from: a pattern's
+    own mixers, never the pattern as a name (which is no variant)."""
+    mod = tmp_path / "mine.py"
+    mod.write_text("from variants.recurrent.recurrent import GatedDeltaNet\n"
+                   "from variants import register\n\n"
+                   "@register\nclass Mine(GatedDeltaNet):\n    name = 'mine_gdn'\n")
+    (tmp_path / "m.toml").write_text('variants = ["mine_gdn*3+sdpa"]\npasses = ["decode"]\n'
+                                     'causal = [true]\nseq_lens = [64]\n')
+    assert run_bench.main(["run", "--config", str(tmp_path / "m.toml"), "--dry-run",
+                           "--variant-module", str(mod)]) == 0
+    out = capsys.readouterr().out
+    assert "mine_gdn: from module" in out and "mine_gdn*3+sdpa: from" not in out
+
+
 def test_the_maps_of_a_run_with_a_pattern_draw_its_mixers():
     cases = [_case(STACK), _case("gated_deltanet"), _case("sdpa*4")]
     got = maps.settings_of(cases)

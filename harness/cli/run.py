@@ -24,7 +24,7 @@ from tabulate import tabulate
 import variants
 from harness.models import capture
 from harness.measure import estimate
-from harness.measure import layers
+from harness.measure import layers, stack
 from harness.measure import maps
 from harness.cli import modules
 from harness.cluster import executors
@@ -212,8 +212,9 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
     print(f"{len(cases)} cases; {skipped} skipped as declared unsupported; "
           f"{len(cases) - skipped} to run, compute-bound estimate {total_s / 60:.1f} min "
           f"({'; '.join(where)})")
-    outside = {c.variant: variants.origin(c.variant) for c in cases
-               if not variants.origin(c.variant).startswith("variants/")}
+    mixers = dict.fromkeys(n for c in cases for n in stack.mixers(c.variant))  # a pattern's too
+    outside = {n: variants.origin(n) for n in mixers
+               if not variants.origin(n).startswith("variants/")}
     for name, origin in outside.items():
         print(f"  {name}: from {origin}")
     for reason, n in reasons.most_common():
