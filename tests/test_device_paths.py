@@ -21,7 +21,7 @@ import torch
 
 import run_bench
 import variants
-from test_conformance import lacks
+from harness.check.kit import lacks
 from harness.measure import memory
 from harness.measure import timing
 from harness.measure.matrix import Case

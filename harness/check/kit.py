@@ -22,6 +22,11 @@ MACHINE_LACKS = ("not installed", "CUDA is not available", "C++ compiler", "need
 STATUSES = ("pass", "fail", "n/a", "skip")
 
 
+def lacks(reasons: list[str]) -> bool:
+    """Whether a declared reason names something this machine lacks (MACHINE_LACKS)."""
+    return any(w in r for r in reasons for w in MACHINE_LACKS)
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
     """One property of one variant: pass, fail, n/a (declared not to apply) or skip (this
@@ -40,7 +45,7 @@ class Refused(Exception):
 
     def __init__(self, reasons: list[str]):
         super().__init__("; ".join(reasons))
-        self.lacks = any(w in r for r in reasons for w in MACHINE_LACKS)
+        self.lacks = lacks(reasons)
 
 
 class NotApplicable(Exception):
