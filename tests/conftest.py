@@ -8,3 +8,27 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 # A run samples other work on the cores for a second at its start (harness.measure.busy);
 # the suite's many small runs take a fifth of it. The tests of the sampler pass their own.
 os.environ.setdefault("ATTNBENCH_BUSY_WINDOW_S", "0.2")
+
+
+import pytest  # noqa: E402
+
+from harness.measure.worker import EXTRA_ENV  # noqa: E402
+from variants.core import registry  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _variant_modules_stay_in_their_test():
+    """A test that runs a command in this process with --variant-module (or a TOML's
+    `modules`) registers that module's variants and names it in ATTNBENCH_EXTRA_MODULES,
+    as the command does for its lifetime; here the registry and the variable are put back
+    after each test, so no later test sees another's variants."""
+    extra = os.environ.get(EXTRA_ENV)
+    kept = dict(registry._REGISTRY), dict(registry._ORIGIN)
+    yield
+    if extra is None:
+        os.environ.pop(EXTRA_ENV, None)
+    else:
+        os.environ[EXTRA_ENV] = extra
+    for table, saved in zip((registry._REGISTRY, registry._ORIGIN), kept):
+        table.clear()
+        table.update(saved)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .checks import check_qkv
-from .decoding import DecodeState, KVCache, RingKV, check_context, check_token
+from .decoding import DecodeState, check_context, check_token
 from .inputs import check_inputs
 
 
@@ -97,11 +97,11 @@ class Decoder:
         return self.state_size(N, D)
 
     def decode_write_size(self, N: int, D: int, state: DecodeState) -> int | None:
-        """Elements a decoding step writes per (batch, head) at context N: into a cache of
-        keys and values (`KVCache`, `RingKV`, and caches built on them) the new token's key
-        and value, 2 D; any other state is rewritten whole every step (a recurrence's or
-        a kernel's S <- f(S)): what it reads, written back."""
-        if isinstance(state, (KVCache, RingKV)):
+        """Elements a decoding step writes per (batch, head) at context N: into a state
+        that `appends` (a cache of keys and values) the new token's key and value, 2 D; any
+        other state is rewritten whole every step (a recurrence's or a kernel's
+        S <- f(S)): what it reads, written back."""
+        if state.appends:
             return 2 * D
         return self.decode_read_size(N, D)
 

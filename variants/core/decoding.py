@@ -49,7 +49,10 @@ def check_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 class DecodeState:
     """What a decoder keeps between tokens. Subclasses are dataclasses; their tensor fields
-    are what `nbytes` counts."""
+    are what `nbytes` counts. `appends`: a step writes only the new token into it (a cache
+    of keys and values), not the whole state again (a recurrence's S <- f(S))."""
+
+    appends = False
 
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)
@@ -76,6 +79,7 @@ class DecodeState:
 @dataclasses.dataclass
 class KVCache(DecodeState):
     """Keys and values (B, H, max_len, D), the first `n` of them written."""
+    appends = True
     k: torch.Tensor
     v: torch.Tensor
     n: int
@@ -123,6 +127,7 @@ class KVCache(DecodeState):
 class RingKV(DecodeState):
     """The last W keys and values, (B, H, W, D) each, token t in slot t mod W; `n` tokens
     seen so far (min(n, W) slots hold one)."""
+    appends = True
     k: torch.Tensor
     v: torch.Tensor
     n: int

@@ -54,6 +54,7 @@ class ExactCache(DecodeState):
     transposed, (B, H, D, L), where the three passes run (float32, float64), as they
     arrive otherwise. A scores buffer of B H L numbers goes with it (not state: it holds
     nothing between steps, and is not counted in `nbytes`)."""
+    appends = True
     k: torch.Tensor
     v: torch.Tensor
     n: int
