@@ -13,22 +13,24 @@ os.environ.setdefault("ATTNBENCH_BUSY_WINDOW_S", "0.2")
 import pytest  # noqa: E402
 
 from harness.measure.worker import EXTRA_ENV  # noqa: E402
-from variants.core import registry  # noqa: E402
+from variants.core import modules, registry  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _variant_modules_stay_in_their_test():
     """A test that runs a command in this process with --variant-module (or a TOML's
-    `modules`) registers that module's variants and names it in ATTNBENCH_EXTRA_MODULES,
-    as the command does for its lifetime; here the registry and the variable are put back
-    after each test, so no later test sees another's variants."""
+    `modules`) registers that module's variants, records it as loaded and names it in
+    ATTNBENCH_EXTRA_MODULES, as the command does for its lifetime; here the registry, the
+    loaded modules and the variable are put back after each test, so no later test sees
+    another's variants (nor a meta.json that lists them)."""
     extra = os.environ.get(EXTRA_ENV)
-    kept = dict(registry._REGISTRY), dict(registry._ORIGIN)
+    tables = registry._REGISTRY, registry._ORIGIN, modules._LOADED
+    kept = [dict(t) for t in tables]
     yield
     if extra is None:
         os.environ.pop(EXTRA_ENV, None)
     else:
         os.environ[EXTRA_ENV] = extra
-    for table, saved in zip((registry._REGISTRY, registry._ORIGIN), kept):
+    for table, saved in zip(tables, kept):
         table.clear()
         table.update(saved)
