@@ -16,7 +16,7 @@ def test_a_pattern_parses_to_one_mixer_a_layer():
     assert stack.layers_of("sdpa", 3) == ("sdpa",) * 3
     assert stack.mixers("gla*3+sdpa+gla") == ("gla", "sdpa")
     assert stack.is_pattern("sdpa*4") and not stack.is_pattern("sdpa")
-    assert stack.attention_share("gla*3+sdpa", 4, frozenset({"sdpa"})) == 0.25
+    assert stack.composition("gla*3+sdpa", 4) == (1, "gla")
 
 
 @pytest.mark.parametrize("spec, layers, words", [

@@ -69,12 +69,6 @@ def layers_of(spec: str, layers: int) -> tuple[str, ...]:
     return unit * (layers // len(unit))
 
 
-def attention_share(spec: str, layers: int, full: frozenset[str]) -> float:
-    """The fraction of a model's layers whose mixer is in `full` (e.g. the exact family)."""
-    per_layer = layers_of(spec, layers)
-    return sum(name in full for name in per_layer) / len(per_layer)
-
-
 def composition(spec: str, layers: int) -> tuple[int, str]:
     """(attention_layers, mixer) of a model: how many of its layers are exact softmax
     attention (family `exact`), and its other layers' mixers "+"-joined in order of first

@@ -283,6 +283,15 @@ def accuracy_plot(df: pd.DataFrame, x: str, xlabel: str, path: Path) -> Path:
     return _save(fig, path)
 
 
+def _line_marks(names) -> tuple[dict, dict]:
+    """A marker and a dash per line name, in order: past ten lines the colours are husl's,
+    neighbours alike, so each line is also told apart by its marker and dash."""
+    markers, dashes = ["o", "s", "^", "D", "v", "P", "X"], ["", (4, 2), (1, 1.5)]
+    names = list(names)
+    return ({n: markers[i % len(markers)] for i, n in enumerate(names)},
+            {n: dashes[i % len(dashes)] for i, n in enumerate(names)})
+
+
 def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) -> Path:
     """One task setting's frontier (Zoology, Based): held-out accuracy against the state a
     model keeps per example, in bytes, log x-axis; one line per variant (`line`, colour by
@@ -298,11 +307,7 @@ def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) ->
 
     data = df.dropna(subset=["state_bytes"]).sort_values("state_bytes")
     palette, _, _ = _styles(data.drop_duplicates("line"))
-    # Past ten variants the colours are husl's, neighbours alike: each line also gets its
-    # own marker and dash, so that two similar hues are still told apart.
-    marker_cycle, dash_cycle = ["o", "s", "^", "D", "v", "P", "X"], ["", (4, 2), (1, 1.5)]
-    marker = {ln: marker_cycle[i % 7] for i, ln in enumerate(palette)}
-    dash = {ln: dash_cycle[i % 3] for i, ln in enumerate(palette)}
+    marker, dash = _line_marks(palette)
     w, h = grid_size_px(1, 1)
     fig = _new_figure(w / DPI, h / DPI)
     ax = fig.subplots(1, 1)
@@ -432,9 +437,7 @@ def share_figure(df: pd.DataFrame, title: str, bar: float = 0.9):
     lines = sorted(m for m in df["mixer"].unique() if m)
     colours = dict(zip(lines, sns.color_palette("tab10" if len(lines) <= 10 else "husl",
                                                 max(len(lines), 1))))
-    marker_cycle, dash_cycle = ["o", "s", "^", "D", "v", "P", "X"], ["", (4, 2), (1, 1.5)]
-    marker = {m: marker_cycle[i % 7] for i, m in enumerate(lines)}
-    dash = {m: dash_cycle[i % 3] for i, m in enumerate(lines)}
+    marker, dash = _line_marks(lines)
     w, h = grid_size_px(1, 1)
     fig = _new_figure(w / DPI, h / DPI)
     ax = fig.subplots(1, 1)
