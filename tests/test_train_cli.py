@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,29 @@ def test_train_meta_records_the_estimate_beside_the_wall_time(mixed):
     session = json.loads((folder / "train_meta.json").read_text())["sessions"][0]
     assert session["wall_s"] > 0
     assert session["estimate_s"] > estimate.WORKER_S
+
+
+def test_train_meta_keeps_samples_of_other_work_while_training(mixed):
+    """Other work on the cores is sampled at the start of a sweep (harness.measure.busy, the
+    sweep's own processes taken away) and kept in train_meta.json (planted: the watch not
+    started, or its samples left out of the file)."""
+    import json
+
+    folder, _ = mixed
+    samples = json.loads((folder / "train_meta.json").read_text())["busy"]
+    assert samples and all({"other_cores", "own_cores", "at"} <= set(s) for s in samples)
+    assert all(0 <= s["other_cores"] <= s["cores"] for s in samples)
+
+
+def test_the_busy_watch_samples_until_stopped():
+    from harness.train.runner import BusyWatch
+
+    samples = []
+    watch = BusyWatch(samples, every_s=0.01)
+    watch.start()
+    while len(samples) < 3:
+        time.sleep(0.05)
+    watch.stop()
+    n = len(samples)
+    time.sleep(0.5)
+    assert not watch.is_alive() and len(samples) == n

@@ -206,6 +206,28 @@ def test_later_seeds_train_once_at_the_rate_the_first_seeds_race_picked():
     assert [r["seed"] for r in again] == [1, 2] and [c[0] for c in fake.calls] == [1, 2]
 
 
+def test_each_rows_runs_are_kept_as_they_went_in_train_curves(tmp_path):
+    """train_curves.jsonl holds every rate's held-out accuracy and loss at each evaluation
+    (planted: curves left out of the row, or one rate's written for another)."""
+    from harness.train.store import TrainStore
+    cfg = _config(lrs=(1e-2, 3e-3), max_steps=20, eval_every=5)
+    runs = [(lr, trainer.Run(cfg, lr).advance(20), 1.0) for lr in cfg.lrs]
+    store = TrainStore(tmp_path)
+    store.open()
+    store.append({"config_id": cfg.config_id, "variant": "sdpa", "seed": cfg.seed,
+                  **runner.combine(cfg, runs)})
+    store.close()
+    got = store.curves()[cfg.config_id]
+    assert (tmp_path / "train_curves.jsonl").exists() and got["seed"] == cfg.seed
+    assert [r["lr"] for r in got["runs"]] == [1e-2, 3e-3]
+    for (lr, result, _), kept in zip(runs, got["runs"]):
+        assert kept["history"] == result["history"] and [s for s, _ in kept["history"]] == \
+            [5, 10, 15, 20]
+        assert kept["held_out_loss"] == result["held_out_loss"]
+        assert kept["steps_run"] == 20 and kept["stopped"] == result["stopped"]
+    assert runs[0][1]["held_out_loss"] != runs[1][1]["held_out_loss"]
+
+
 # -- the race ------------------------------------------------------------------------------
 
 def _curve(plateau_until, top, loss):

@@ -126,7 +126,7 @@ def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
            if "stopped" in r and r["stopped"] is None and r is not max(ok, key=_rank)[1]]
     if cut:
         notes.append(f"raced: lr={', '.join(cut)} cut")
-    out = {"train_s": sum(w for _, _, w in runs),
+    out = {"train_s": sum(w for _, _, w in runs), "curves": curves(runs),
            "lr_accuracy": json.dumps({f"{lr:g}": round(r["accuracy"], 5) if r["status"] == "ok"
                                       else r["status"] for lr, r, _ in runs})}
     if not ok:
@@ -137,6 +137,15 @@ def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
     return {**out, "status": "ok", "reason": "; ".join(notes), "best_lr": lr,
             **{k: best.get(k) for k in _BEST_FIELDS},
             "lr_at_edge": lr_at_edge(config.lrs, lr, best["accuracy"], config.early_stop)}
+
+
+def curves(runs: list[tuple[float, dict, float]]) -> list[dict]:
+    """Each rate's run as it went: its held-out accuracy and loss at every evaluation
+    (`history`, `held_out_loss`: [[step, value], ...]), how far it ran and why it stopped
+    (None: cut by the race). What train_curves.jsonl keeps of a row."""
+    return [{"lr": lr, "status": r["status"], "steps_run": r.get("steps_run"),
+             "stopped": r.get("stopped"), "history": r.get("history", []),
+             "held_out_loss": r.get("held_out_loss", [])} for lr, r, _ in runs]
 
 
 def _rank(pair: tuple[float, dict]) -> tuple:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness.measure import layers
+from harness.measure import busy, layers
 from harness.measure.processes import Worker
 from harness.measure.rows import STATUSES
 from harness.measure.store import environment, now
@@ -44,6 +44,8 @@ from harness.train.rows import (  # noqa: F401  (callers read them here)
 from harness.train.store import TrainStore
 
 WORKER = "harness.train.worker"
+BUSY_EVERY_S = 120.0  # seconds between samples of other work while a sweep trains
+BUSY_EVERY_ENV = "ATTNBENCH_TRAIN_BUSY_EVERY_S"
 
 
 class Sweeper:
@@ -196,9 +198,9 @@ def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: 
     meta = store.read_meta() if resume else {}
     threads = configs[0].threads if configs else 1
     meta.update(environment(threads))
-    busy = meta["load_average_start"][0]
-    if busy > 0.5 * (os.cpu_count() or 1):
-        print(f"warning: load average {busy} on {os.cpu_count()} cores: other work slows "
+    load = meta["load_average_start"][0]
+    if load > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {load} on {os.cpu_count()} cores: other work slows "
               "this sweep and distorts its times (accuracy does not depend on it)",
               file=sys.stderr)
     meta.setdefault("started", now())
@@ -211,14 +213,43 @@ def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: 
     began = time.monotonic()
     bar = tqdm(total=len(configs), initial=sum(c.config_id in done for c in configs),
                unit="config", file=sys.stderr, dynamic_ncols=True)
+    watch = BusyWatch(meta.setdefault("busy", []))
+    watch.start()
     try:
         return sweep(configs, store, done, store.folder / "train_worker.log", bar, workers)
     finally:
+        watch.stop()
         bar.close()
         meta["sessions"][-1]["ended"] = meta["ended"] = now()
         meta["sessions"][-1]["wall_s"] = round(time.monotonic() - began, 1)
         meta["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         store.write_meta(meta)
+
+
+class BusyWatch(threading.Thread):
+    """Other work on the cores while the sweep trains (harness.measure.busy, this process
+    tree's own time taken away): a sample at the start and every `every_s` seconds, kept
+    in train_meta.json's `busy` (step_ms and the estimate's check against the wall time
+    are worth what these say); a sample that warns is also printed."""
+
+    def __init__(self, samples: list, every_s: float | None = None):
+        super().__init__(daemon=True)
+        self.samples, self.halt = samples, threading.Event()
+        self.every_s = float(os.environ.get(BUSY_EVERY_ENV, BUSY_EVERY_S)) \
+            if every_s is None else every_s
+
+    def run(self) -> None:
+        while True:
+            s = busy.sample(root=os.getpid())
+            self.samples.append(s)
+            if (line := busy.warning(s, " while training")) is not None:
+                print(line, file=sys.stderr)
+            if self.halt.wait(self.every_s):
+                return
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join()
 
 
 def summary_line(n: int, counts: Counter, earlier: int, folder: Path) -> str:

@@ -4,7 +4,9 @@ A training sweep may share its folder with a benchmark run (results.csv, meta.js
 model drift (model.csv): the report then sets accuracy against measured time. Resume rule,
 as for `run`: a folder is resumed only when its train_meta.json holds the same normalised
 matrix; every configuration id already in train.csv (whatever its status) is done and
-skipped. A partial last line (a run killed while writing) is cut off before appending. A
+skipped. Beside train.csv, train_curves.jsonl keeps every trained row's runs as they went
+(one JSON line per row: its config_id, variant, seed, and each rate's held-out accuracy and
+loss at every evaluation), for reading a plateau, a rise or a cut. A partial last line (a run killed while writing) is cut off before appending. A
 folder that holds files but no attnbench run (meta.json, model_meta.json or
 train_meta.json) is not touched.
 """
@@ -18,12 +20,16 @@ from harness.files import (META, MODEL_META, TRAIN_COLUMNS, TRAIN_CSV, TRAIN_MET
                            check_folder, write_json)
 
 
+CURVES_SUFFIX = "_curves.jsonl"  # train.csv -> train_curves.jsonl; a shard's beside its file
+
+
 class TrainStore:
     def __init__(self, folder: Path, csv_path: Path | None = None):
         self.folder = Path(folder)
         # a shard of a sharded sweep appends to its own file (harness.cluster.trained)
         self.csv_path = Path(csv_path) if csv_path is not None else self.folder / TRAIN_CSV
         self.meta_path = self.folder / TRAIN_META
+        self.curves_path = self.csv_path.with_name(self.csv_path.stem + CURVES_SUFFIX)
 
     def check(self, matrix: dict) -> bool:
         """UsageError unless the folder is absent, empty, another attnbench run without a
@@ -43,12 +49,33 @@ class TrainStore:
     def open(self) -> None:
         self._log = CsvLog(self.csv_path, TRAIN_COLUMNS)
         self._log.open()
+        self._curves = self.curves_path.open("a")
 
     def append(self, row: dict) -> None:
         self._log.append(row)
+        if row.get("curves"):
+            self._curves.write(json.dumps({"config_id": row["config_id"],
+                                           "variant": row.get("variant"),
+                                           "seed": row.get("seed"),
+                                           "runs": row["curves"]}) + "\n")
+            self._curves.flush()
+
+    def curves(self) -> dict[str, dict]:
+        """config_id -> its line of train_curves.jsonl (the last, where a row was
+        trained again); a partial last line is left out."""
+        out = {}
+        if self.curves_path.exists():
+            for line in self.curves_path.read_text().splitlines():
+                try:
+                    got = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                out[got["config_id"]] = got
+        return out
 
     def close(self) -> None:
         self._log.close()
+        self._curves.close()
 
     def read_meta(self) -> dict:
         return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
