@@ -23,7 +23,7 @@ from harness.measure.matrix import read_toml
 from harness.measure.rows import NO_CUDA
 from harness.measure.store import matmul_fp32_gflops
 from harness.measure.worker import import_extra
-from harness.train import estimate
+from harness.train import estimate, stops
 from harness.train import matrix as tm
 from harness.train import runner
 from harness.train.store import TrainStore
@@ -67,10 +67,13 @@ def overrides_from(args) -> dict:
 
 
 def estimate_seconds(configs: list[tm.TrainConfig], log_path: Path | None = None,
-                     workers: int = 1) -> list[tuple]:
-    """(config, predicted seconds, declared skips) at step costs probed here now, in
-    training workers (`workers` at once; their log at log_path, else a temporary file); a
-    probe that failed falls back to the FLOP model at the matmul rate measured here."""
+                     workers: int = 1) -> tuple[list[tuple], list[tuple]]:
+    """The estimate and the plan's ceiling, each [(config, predicted seconds, declared
+    skips)], at step costs probed here now, in training workers (`workers` at once; their
+    log at log_path, else a temporary file); a probe that failed falls back to the FLOP
+    model at the matmul rate measured here. The estimate trains the share of the planned
+    steps that the committed reference runs trained (harness.train.stops), the ceiling
+    every planned step."""
     import tempfile
 
     trainable = []
@@ -90,27 +93,35 @@ def estimate_seconds(configs: list[tm.TrainConfig], log_path: Path | None = None
             rate.append(matmul_fp32_gflops(c.threads) * 1e9)
         return estimate.flop_step_seconds(c, module, rate[0])
 
-    return estimate.plan_seconds(configs, step, runner.skip_reasons)
+    return (estimate.plan_seconds(configs, step, runner.skip_reasons, stops.share),
+            estimate.plan_seconds(configs, step, runner.skip_reasons))
 
 
 def plan(configs: list[tm.TrainConfig], n_shards: int = 1, workers: int = 1) -> int:
     """Print the configurations, their declared skips and the time estimate."""
     reasons, costs = Counter(), []
-    for c, t, why in estimate_seconds(configs, workers=workers):
+    expected, ceiling = estimate_seconds(configs, workers=workers)
+    for c, t, why in expected:
         if why:
             reasons[f"{c.variant}: {'; '.join(why)}"] += 1
         costs.append((c, t))
     skipped = sum(reasons.values())
     total = sum(t for _, t in costs)
+    most = sum(t for _, t, _ in ceiling)
     cells = len({c.cell_id for c in configs})
     over = f" ({cells} cells over their seeds)" if cells < len(configs) else ""
+
+    def on(seconds: float) -> str:
+        return f"{seconds / 60:.1f} min of work" + \
+            (f" (about {seconds / 60 / workers:.1f} min on {workers} workers)"
+             if workers > 1 else "")
+
     print(f"{len(configs)} configurations{over}; {skipped} skipped as "
-          f"declared unsupported; {len(configs) - skipped} to train; estimate "
-          f"{total / 60:.1f} min of work"
-          f"{f' (about {total / 60 / workers:.1f} min on {workers} workers)' if workers > 1 else ''}"
-          f" if no run stops early (every rung of the race, every later seed to max_steps; "
-          f"early_stop and settled runs end sooner), at step costs probed here "
-          f"({estimate.PROBE_STEPS} steps per model)"
+          f"declared unsupported; {len(configs) - skipped} to train; estimate {on(total)}, "
+          f"at step costs probed here ({estimate.PROBE_STEPS} steps per model) and the "
+          f"share of the planned steps the reference runs trained "
+          f"(harness/train/stops.json); at most {on(most)} if no run stops early "
+          f"(every rung of the race, every later seed to max_steps)"
           f"{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''}")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
@@ -165,10 +176,10 @@ def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | Non
     earlier = len(store.done_ids()) if resume else 0
     todo = [c for c in configs if c.config_id not in store.done_ids()] if resume else configs
     store.folder.mkdir(parents=True, exist_ok=True)
-    predicted = sum(t for _, t, _ in estimate_seconds(
-        todo, store.folder / "train_worker.log", workers))
+    expected, ceiling = estimate_seconds(todo, store.folder / "train_worker.log", workers)
     counts = runner.run(matrix, configs, store, resume=resume, workers=workers,
-                        estimate_s=predicted / workers)
+                        estimate_s=sum(t for _, t, _ in expected) / workers,
+                        ceiling_s=sum(t for _, t, _ in ceiling) / workers)
     print(runner.summary_line(len(configs), counts, earlier, store.folder))
     return store.folder
 

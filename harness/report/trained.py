@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.errors import UsageError
 from harness.files import TRAIN_COLUMNS, TRAIN_CSV, TRAIN_LATER_COLUMNS, TRAIN_META
-from harness.report import frontier, plots
+from harness.report import curves, frontier, plots
 from harness.report.folder import STATUSES, short_labels
 
 TITLE = "Quality when trained"
@@ -283,7 +283,8 @@ def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list
                   "state a causal decoder keeps per example, and for a fixed key pattern "
                   "(windows, block layouts) in one layer its reach: the share of held-out "
                   "queries whose answer it can see, its ceiling but for guesses):"),
-            ("table", detail_table(tr))]
+            ("table", detail_table(tr)),
+            *curves.blocks(tr, run_dir)]
     if not timed.empty:
         blocks += [("h", 3, "Accuracy against forward time"),
                    ("p", "Held-out accuracy against the variant's median forward time at the "

@@ -3,7 +3,8 @@ sum, train_meta.json records it beside the wall time, shards balance on it.
 
 Steps x the cost of a step. Steps: what the protocol runs when no run stops early (the
 race's rungs on the first seed, harness.train.race, each later seed one run to max_steps),
-so configurations that reach early_stop or settle take less. A step's cost is measured at
+the plan's ceiling, times the share of them that committed reference runs of the variant
+trained (harness.train.stops: runs that reach early_stop or settle take less). A step's cost is measured at
 plan time (`probe`): PROBE_WARMUP then PROBE_STEPS training steps of the configuration's
 own model, batch and threads, their median, in a training worker process (`probe_all`: a
 variant that crashes or hangs costs its probe, not the plan; its step then falls back to
@@ -79,9 +80,11 @@ def planned_steps(config: TrainConfig) -> int:
     return sum(ran.values())
 
 
-def config_seconds(config: TrainConfig, step_s: float) -> float:
-    """Predicted wall time of a configuration's row at `step_s` a training step."""
-    steps = planned_steps(config)
+def config_seconds(config: TrainConfig, step_s: float, share: float = 1.0) -> float:
+    """Predicted wall time of a configuration's row at `step_s` a training step, training
+    `share` of its planned steps (1: the plan, no run stopping early; harness.train.stops
+    gives the share reference runs trained)."""
+    steps = share * planned_steps(config)
     evals = -(-steps // config.eval_every)
     per_eval = -(-config.test_examples // config.batch) * EVAL_STEP_SHARE * step_s
     return WORKER_S + steps * step_s + evals * per_eval
@@ -158,13 +161,16 @@ def probe_all(configs: list[TrainConfig], log_path: Path, workers: int = 1
     return out
 
 
-def plan_seconds(configs: list[TrainConfig], step_seconds: Callable,
-                 skip_reasons) -> list[tuple[TrainConfig, float, list[str]]]:
+def plan_seconds(configs: list[TrainConfig], step_seconds: Callable, skip_reasons,
+                 share: Callable[[TrainConfig], float] | None = None
+                 ) -> list[tuple[TrainConfig, float, list[str]]]:
     """(config, predicted seconds, declared skips) per configuration, as `--dry-run` sums
     them: a configuration declared unsupported costs nothing (CUDA missing here aside, so a
     GPU preset is planned on a CPU machine, at the FLOP model's assumed GPU rate).
     `step_seconds(config, module)` is a step's cost (`probe`, or a model of it);
-    `skip_reasons(config, module)` the runner's."""
+    `skip_reasons(config, module)` the runner's; `share(config)` the share of its planned
+    steps a configuration is expected to train (harness.train.stops.share; None: all of
+    them, the plan's ceiling)."""
     out = []
     for c in configs:
         module = layers.build(c)
@@ -174,5 +180,5 @@ def plan_seconds(configs: list[TrainConfig], step_seconds: Callable,
             continue
         step = flop_step_seconds(c, module, 0.0) if c.device == "cuda" \
             else step_seconds(c, module)
-        out.append((c, config_seconds(c, step), why))
+        out.append((c, config_seconds(c, step, 1.0 if share is None else share(c)), why))
     return out

@@ -190,10 +190,12 @@ def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_pat
 
 
 def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: bool,
-        workers: int = 1, estimate_s: float | None = None) -> Counter:
+        workers: int = 1, estimate_s: float | None = None,
+        ceiling_s: float | None = None) -> Counter:
     """Train every configuration not yet in the store (`workers` at once); returns the rows
-    written by status. `estimate_s` (the plan's, harness.train.estimate) is recorded in
-    the session beside its wall time."""
+    written by status. `estimate_s` (the plan's, harness.train.estimate) and `ceiling_s`
+    (the plan's if no run stopped early) are recorded in the session beside its wall
+    time."""
     done = store.done_ids() if resume else set()
     meta = store.read_meta() if resume else {}
     threads = configs[0].threads if configs else 1
@@ -209,6 +211,8 @@ def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: 
     meta["sessions"][-1]["workers"] = workers
     if estimate_s is not None:
         meta["sessions"][-1]["estimate_s"] = round(estimate_s, 1)
+    if ceiling_s is not None:
+        meta["sessions"][-1]["ceiling_s"] = round(ceiling_s, 1)
     store.write_meta(meta)
     began = time.monotonic()
     bar = tqdm(total=len(configs), initial=sum(c.config_id in done for c in configs),
