@@ -59,7 +59,7 @@ def test_train_gpu_is_zoologys_figure_2_grid():
     assert {(c.seq_len, c.task_param_dict["num_kv_pairs"]) for c in sdpa} == {
         (64, 4), (128, 8), (256, 16), (512, 64)}
     assert {c.d_model for c in sdpa} == {64, 128, 256, 512}
-    assert {c.vocab_size for c in configs} == {8192} and {c.layers for c in configs} == {2}
+    assert {c.vocab_size for c in configs} == {8192} and {c.layers for c in configs} == {1}
     lrs = torch.logspace(-4, -2, 4).tolist()
     assert all(abs(a - b) / b < 1e-4 for a, b in zip(sorted(sdpa[0].lrs), lrs))
     assert {c.train_examples for c in configs} == {100_000} and {c.device for c in configs} == {"cuda"}

@@ -37,7 +37,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                      help="train-quick (default: about 5 minutes on 2 cores), train-cpu (the "
                           "recall frontier on two MQAR settings, two seeds, raced rates; "
                           "planned within 90 minutes), mad-cpu (MQAR and MAD's tasks), "
-                          "train-gpu (Zoology's Figure 2 grid)")
+                          "train-gpu (Zoology's Figure 2 grid), hybrid-cpu (layer patterns: "
+                          "linear mixers with full attention at 4:0, 3:1, 1:1), hybrid-gpu")
     src.add_argument("--config", default=None, help="a training matrix .toml of your own")
     p.add_argument("--results-dir", default="results", type=Path)
     p.add_argument("--run-id", default=None,
