@@ -345,7 +345,7 @@ def _measured_steps(folder: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("preset", ["train-cpu", "mad-cpu"])
+@pytest.mark.parametrize("preset", ["train-cpu", "mad-cpu", "hybrid-cpu"])
 def test_the_protocol_presets_plan_within_90_minutes_on_two_workers(preset):
     _, configs = tm.load(preset)
     steps = _measured_steps(preset)
