@@ -60,7 +60,7 @@ def _folder(tmp_path, with_curves=True):
 def test_the_best_cell_below_0_9_is_drawn_with_each_seeds_winning_run(tmp_path):
     folder = _folder(tmp_path)
     tr = read_train(folder / "train.csv")
-    runs = curves.winning_runs(tr, curves.below(tr), curves.read_curves(folder))
+    runs = curves.winning_runs(tr, curves.below(tr), curves.read_curves(folder / curves.CURVES))
     assert sorted(zip(runs["variant"], runs["size"], runs["seed"], runs["lr"])) == \
         [("gla", "H=2", 0, 0.0032), ("gla", "H=2", 1, 0.001)]
     fig = curves.curves_figure(runs, "mqar N=64")

@@ -10,35 +10,19 @@ no such part.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
 import pandas as pd
 
+from harness.files.curves import TRAIN_CURVES as CURVES, read_curves
 from harness.report import plots
 from harness.report.cells import CELL, cells
 from harness.report.frontier import _slug, task_settings, with_sizes
 
-CURVES = "train_curves.jsonl"
 RECALL = 0.9
 _SETTING = ("task_setting", "task", "causal", "seq_len", "num_kv_pairs", "vocab_size")
 AT_STEPS = 4  # the table's columns: accuracy and loss at this many steps along the run
-
-
-def read_curves(run_dir: Path) -> dict[str, dict]:
-    """config_id -> its line of train_curves.jsonl (the last of a config_id); {} when the
-    folder has none. A partial last line is left out."""
-    path = Path(run_dir) / CURVES
-    out: dict[str, dict] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                got = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            out[got["config_id"]] = got
-    return out
 
 
 def below(tr: pd.DataFrame) -> pd.DataFrame:
@@ -140,7 +124,7 @@ def curves_plot(runs: pd.DataFrame, title: str, path: Path) -> Path:
 
 def blocks(tr: pd.DataFrame, run_dir: Path) -> list[tuple]:
     """The part's blocks; [] without curves or without a cell below RECALL."""
-    curves = read_curves(run_dir)
+    curves = read_curves(Path(run_dir) / CURVES)
     if not curves:
         return []
     runs = winning_runs(tr, below(tr), curves)

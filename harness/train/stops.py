@@ -24,6 +24,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from harness.files import TRAIN_CSV, TRAIN_META
+from harness.files.curves import TRAIN_CURVES, read_curves
 from harness.measure import stack
 from harness.train import estimate
 from harness.train import matrix as tm
@@ -40,13 +42,10 @@ def measure(folders: list[str]) -> dict:
     planned: dict[str, int] = defaultdict(int)
     for folder in folders:
         folder = Path(folder)
-        meta = json.loads((folder / "train_meta.json").read_text())
+        meta = json.loads((folder / TRAIN_META).read_text())
         configs = {c.config_id: c for c in tm.expand(meta["matrix"])}
-        curves = {}
-        for line in (folder / "train_curves.jsonl").read_text().splitlines():
-            got = json.loads(line)
-            curves[got["config_id"]] = got
-        with open(folder / "train.csv", newline="") as f:
+        curves = read_curves(folder / TRAIN_CURVES)
+        with open(folder / TRAIN_CSV, newline="") as f:
             for row in csv.DictReader(f):
                 c = configs.get(row["config_id"])
                 if row["status"] != "ok" or c is None or row["config_id"] not in curves:

@@ -18,9 +18,7 @@ from pathlib import Path
 
 from harness.files import (META, MODEL_META, TRAIN_COLUMNS, TRAIN_CSV, TRAIN_META, CsvLog,
                            check_folder, write_json)
-
-
-CURVES_SUFFIX = "_curves.jsonl"  # train.csv -> train_curves.jsonl; a shard's beside its file
+from harness.files.curves import curves_path, read_curves
 
 
 class TrainStore:
@@ -29,7 +27,7 @@ class TrainStore:
         # a shard of a sharded sweep appends to its own file (harness.cluster.trained)
         self.csv_path = Path(csv_path) if csv_path is not None else self.folder / TRAIN_CSV
         self.meta_path = self.folder / TRAIN_META
-        self.curves_path = self.csv_path.with_name(self.csv_path.stem + CURVES_SUFFIX)
+        self.curves_path = curves_path(self.csv_path)
 
     def check(self, matrix: dict) -> bool:
         """UsageError unless the folder is absent, empty, another attnbench run without a
@@ -61,17 +59,8 @@ class TrainStore:
             self._curves.flush()
 
     def curves(self) -> dict[str, dict]:
-        """config_id -> its line of train_curves.jsonl (the last, where a row was
-        trained again); a partial last line is left out."""
-        out = {}
-        if self.curves_path.exists():
-            for line in self.curves_path.read_text().splitlines():
-                try:
-                    got = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                out[got["config_id"]] = got
-        return out
+        """config_id -> its line of the curves file (harness.files.curves)."""
+        return read_curves(self.curves_path)
 
     def close(self) -> None:
         self._log.close()
