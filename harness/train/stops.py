@@ -4,16 +4,25 @@ The plan (harness.train.estimate.planned_steps) counts every rung of the race an
 later seed to max_steps; runs that reach early_stop or settle stop sooner, so the plan is
 the most a sweep can take. What it does take depends on the variant and the task: on MQAR
 at N = 64 sdpa stops at early_stop within a rung or two, a recurrence on its plateau runs to
-the cap. The estimate takes the share of the planned steps that committed reference runs of
-each variant trained (the steps of every rate's run, train_curves.jsonl, over the steps
-their plans counted), and 1 (the plan) for a variant they did not train:
+the cap. The estimate counts, per variant, the runs of committed reference sweeps
+(train_curves.jsonl, every rate's run) in three kinds, each scaled as it scales with the
+budget:
+
+- a run the race cut trained whole rungs: its steps in units of the race's first budget;
+- a run that reached early_stop or settled stopped where it learned: its steps as they are;
+- a run that reached the cap would have gone on: one run of the cap, whatever the cap.
+
+A configuration is expected to train the mean of its variant's rows (first seeds, which
+race, apart from later seeds, which run once) at its own first budget and cap, at most its
+plan; a variant the runs did not train, the plan (share 1):
 
     python -m harness.train.stops results/train-cpu > harness/train/stops.json
 
-A layer pattern takes its own share where the runs trained it, else its first mixer's.
-The shares are a calibration of this suite's protocol (the race, settling, early_stop) on
-the reference settings: a new task or budget stops elsewhere, and the recorded estimate
-beside the wall time (train_meta.json) says how far off it was.
+So a cap raised from 1,000 to 2,000 doubles the capped runs and leaves the early stops
+where they were. A layer pattern takes its own counts where the runs trained it, else its
+first mixer's. The counts are a calibration of this suite's protocol (the race, settling,
+early_stop) on the reference settings: a new task stops elsewhere, and the recorded
+estimate beside the wall time (train_meta.json) says how far off it was.
 """
 
 from __future__ import annotations
@@ -35,9 +44,18 @@ CALIBRATION = Path(__file__).with_name("stops.json")
 _LOADED: dict = {}
 
 
+def _kind(config: TrainConfig) -> str:
+    return "first" if config.first_seed else "later"
+
+
 def measure(folders: list[str]) -> dict:
-    """{"from": the folders, "share": {variant: steps trained / steps planned}, "steps":
-    {variant: [trained, planned]}} over the ok rows of the folders' sweeps."""
+    """{"from": the folders, "runs": {variant: {"first" | "later": {"rows", "rungs",
+    "stopped", "capped"}}}, "share": {variant: steps trained / steps planned}} over the ok
+    rows of the folders' sweeps: per kind of row, how many rows, the steps of the runs the
+    race cut in first budgets, the steps of the runs that stopped early, the runs that
+    reached the cap."""
+    runs: dict = defaultdict(lambda: {k: {"rows": 0, "rungs": 0.0, "stopped": 0, "capped": 0}
+                                      for k in ("first", "later")})
     trained: dict[str, int] = defaultdict(int)
     planned: dict[str, int] = defaultdict(int)
     for folder in folders:
@@ -50,30 +68,53 @@ def measure(folders: list[str]) -> dict:
                 c = configs.get(row["config_id"])
                 if row["status"] != "ok" or c is None or row["config_id"] not in curves:
                     continue
-                runs = curves[row["config_id"]]["runs"]
-                trained[c.variant] += sum(r["steps_run"] or 0 for r in runs)
+                kind = runs[c.variant][_kind(c)]
+                kind["rows"] += 1
+                for r in curves[row["config_id"]]["runs"]:
+                    steps = r.get("steps_run") or 0
+                    trained[c.variant] += steps
+                    if r.get("stopped") == "cap":
+                        kind["capped"] += 1
+                    elif r.get("stopped") is None:
+                        kind["rungs"] += steps / c.first_budget
+                    else:
+                        kind["stopped"] += steps
                 planned[c.variant] += estimate.planned_steps(c)
     return {"from": [str(f) for f in folders],
             "command": "python -m harness.train.stops " + " ".join(map(str, folders)),
-            "share": {v: round(trained[v] / planned[v], 4) for v in sorted(planned)},
-            "steps": {v: [trained[v], planned[v]] for v in sorted(planned)}}
+            "runs": {v: {k: {**n, "rungs": round(n["rungs"], 4)} for k, n in runs[v].items()}
+                     for v in sorted(runs)},
+            "share": {v: round(trained[v] / planned[v], 4) for v in sorted(planned)}}
+
+
+def expected_steps(config: TrainConfig, counts: dict) -> float | None:
+    """The steps a configuration is expected to train from its variant's counts (one
+    variant's `runs` of `measure`), at most its plan; None where no row of its kind ran."""
+    n = counts.get(_kind(config))
+    if not n or not n["rows"]:
+        return None
+    steps = (n["rungs"] * config.first_budget + n["stopped"]
+             + n["capped"] * config.max_steps) / n["rows"]
+    return min(steps, estimate.planned_steps(config))
 
 
 def share(config: TrainConfig, calibration: dict | None = None) -> float:
-    """The share of its planned steps the configuration is expected to train: its
-    variant's in the calibration, a pattern's first mixer's, else 1 (the plan)."""
+    """The share of its planned steps the configuration is expected to train: from its
+    variant's counts in the calibration, a pattern's first mixer's, else 1 (the plan)."""
     if calibration is None:
         if not _LOADED:
             _LOADED.update(json.loads(CALIBRATION.read_text()) if CALIBRATION.exists()
-                           else {"share": {}})
+                           else {"runs": {}})
         calibration = _LOADED
-    shares = calibration.get("share", {})
-    if config.variant in shares:
-        return shares[config.variant]
+    runs = calibration.get("runs", {})
+    names = [config.variant]
     if stack.is_pattern(config.variant):
-        first = stack.layers_of(config.variant, config.layers)[0]
-        if first in shares:
-            return shares[first]
+        names.append(stack.layers_of(config.variant, config.layers)[0])
+    for name in names:
+        if name in runs:
+            steps = expected_steps(config, runs[name])
+            if steps is not None:
+                return steps / estimate.planned_steps(config)
     return 1.0
 
 
