@@ -16,7 +16,7 @@ A configuration is expected to train the mean of its variant's rows (first seeds
 race, apart from later seeds, which run once) at its own first budget and cap, at most its
 plan; a variant the runs did not train, the plan (share 1):
 
-    python -m harness.train.stops results/train-cpu > harness/train/stops.json
+    python -m harness.train.stops results/train-cpu results/hybrid-cpu > harness/train/stops.json
 
 So a cap raised from 1,000 to 2,000 doubles the capped runs and leaves the early stops
 where they were. A layer pattern takes its own counts where the runs trained it, else its
