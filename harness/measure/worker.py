@@ -236,6 +236,11 @@ def serve(handle) -> None:
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # library prints go to stderr; stdout carries results only
     import_extra()
+    # What the imports made (torch, the variants: some 175,000 objects) lives as long as the
+    # process: out of the collector's reach, each gc.collect (the memory part's, before it
+    # reads the resident size) and Python's own full collections scan only what cases made
+    # (measured here: 0.09 s a collection before, 6 us after).
+    gc.freeze()
     for line in sys.stdin:
         if not line.strip():
             continue
