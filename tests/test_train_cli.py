@@ -235,3 +235,22 @@ def test_the_busy_watch_samples_until_stopped():
     n = len(samples)
     time.sleep(0.5)
     assert not watch.is_alive() and len(samples) == n
+
+
+def test_the_busy_watch_reads_five_second_windows_unless_told(monkeypatch):
+    """A sweep's samples read 5 s: over 1 s, with both cores training, the tick accounting
+    alone moves the reading by up to the 0.05 cores a quiet run is held to (planted: the
+    benchmark run's 1 s window kept)."""
+    from harness.measure import busy
+    from harness.train.runner import BusyWatch
+
+    monkeypatch.delenv(busy.WINDOW_ENV, raising=False)
+    assert BusyWatch([]).window_s == 5.0
+    monkeypatch.setenv(busy.WINDOW_ENV, "0.2")  # the test suite's
+    seen = []
+    monkeypatch.setattr(busy, "sample", lambda w, root: seen.append(w) or
+                        {"other_cores": 0.0, "cores": 2})
+    watch = BusyWatch([], every_s=10.0)
+    watch.start()
+    watch.stop()
+    assert seen == [0.2]

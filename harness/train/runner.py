@@ -46,6 +46,7 @@ from harness.train.store import TrainStore
 WORKER = "harness.train.worker"
 BUSY_EVERY_S = 120.0  # seconds between samples of other work while a sweep trains
 BUSY_EVERY_ENV = "ATTNBENCH_TRAIN_BUSY_EVERY_S"
+BUSY_WINDOW_S = 5.0   # seconds each of those samples reads (see BusyWatch)
 
 
 class Sweeper:
@@ -234,17 +235,24 @@ class BusyWatch(threading.Thread):
     """Other work on the cores while the sweep trains (harness.measure.busy, this process
     tree's own time taken away): a sample at the start and every `every_s` seconds, kept
     in train_meta.json's `busy` (step_ms and the estimate's check against the wall time
-    are worth what these say); a sample that warns is also printed."""
+    are worth what these say); a sample that warns is also printed.
+
+    Each sample reads BUSY_WINDOW_S seconds (or $ATTNBENCH_BUSY_WINDOW_S), not the
+    benchmark run's one: with both cores busy training, a 1 s window's reading moves by
+    the kernel's tick accounting alone (measured here, two spinning processes of the tree
+    and nothing else: 0.00-0.05 other cores over 1 s, 0.00-0.01 over 5 s), which is the
+    size of the 0.05 that a quiet reference run is held to."""
 
     def __init__(self, samples: list, every_s: float | None = None):
         super().__init__(daemon=True)
         self.samples, self.halt = samples, threading.Event()
         self.every_s = float(os.environ.get(BUSY_EVERY_ENV, BUSY_EVERY_S)) \
             if every_s is None else every_s
+        self.window_s = float(os.environ.get(busy.WINDOW_ENV, BUSY_WINDOW_S))
 
     def run(self) -> None:
         while True:
-            s = busy.sample(root=os.getpid())
+            s = busy.sample(self.window_s, root=os.getpid())
             self.samples.append(s)
             if (line := busy.warning(s, " while training")) is not None:
                 print(line, file=sys.stderr)
