@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from harness.files.curves import TRAIN_CURVES
 from harness.report import curves
 from harness.report.build import write_report
 from harness.report.trained import read_train
@@ -51,7 +52,7 @@ RUNS = {"gla-2-0": [_run(0.01, 0.1, 3.5, 250), _run(0.0032, 0.5, 3.0)],
 def _folder(tmp_path, with_curves=True):
     folder = report_synth.write_train(tmp_path / "t", ROWS)
     if with_curves:
-        with open(folder / curves.CURVES, "w") as f:
+        with open(folder / TRAIN_CURVES, "w") as f:
             for cid, runs in RUNS.items():
                 f.write(json.dumps({"config_id": cid, "runs": runs}) + "\n")
     return folder
@@ -60,7 +61,7 @@ def _folder(tmp_path, with_curves=True):
 def test_the_best_cell_below_0_9_is_drawn_with_each_seeds_winning_run(tmp_path):
     folder = _folder(tmp_path)
     tr = read_train(folder / "train.csv")
-    runs = curves.winning_runs(tr, curves.below(tr), curves.read_curves(folder / curves.CURVES))
+    runs = curves.winning_runs(tr, curves.below(tr), curves.read_curves(folder / TRAIN_CURVES))
     assert sorted(zip(runs["variant"], runs["size"], runs["seed"], runs["lr"])) == \
         [("gla", "H=2", 0, 0.0032), ("gla", "H=2", 1, 0.001)]
     fig = curves.curves_figure(runs, "mqar N=64")

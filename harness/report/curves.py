@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.files.curves import TRAIN_CURVES as CURVES, read_curves
+from harness.files.curves import TRAIN_CURVES, read_curves
 from harness.report import plots
 from harness.report.cells import CELL, cells
 from harness.report.frontier import _slug, task_settings, with_sizes
@@ -124,7 +124,7 @@ def curves_plot(runs: pd.DataFrame, title: str, path: Path) -> Path:
 
 def blocks(tr: pd.DataFrame, run_dir: Path) -> list[tuple]:
     """The part's blocks; [] without curves or without a cell below RECALL."""
-    curves = read_curves(Path(run_dir) / CURVES)
+    curves = read_curves(Path(run_dir) / TRAIN_CURVES)
     if not curves:
         return []
     runs = winning_runs(tr, below(tr), curves)
@@ -135,7 +135,7 @@ def blocks(tr: pd.DataFrame, run_dir: Path) -> list[tuple]:
         ("p", f"Per task setting, the best cell of each variant whose median over its seeds "
               f"stays below {RECALL:g}: each seed's run at its winning rate, held-out "
               "accuracy (left) and held-out loss (right) at every evaluation (from "
-              f"{CURVES}). A flat accuracy over a falling loss is a plateau the run may "
+              f"{TRAIN_CURVES}). A flat accuracy over a falling loss is a plateau the run may "
               "still leave; a run that stopped `settled` had stopped gaining on both.")]
     pdir = Path(run_dir) / "plots"
     for setting in task_settings(runs):

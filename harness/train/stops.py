@@ -53,7 +53,8 @@ def measure(folders: list[str]) -> dict:
     "stopped", "capped"}}}, "share": {variant: steps trained / steps planned}} over the ok
     rows of the folders' sweeps: per kind of row, how many rows, the steps of the runs the
     race cut in first budgets, the steps of the runs that stopped early, the runs that
-    reached the cap."""
+    reached the cap. `share` is the reference plans' own, for reading: the estimate takes
+    `runs` (`share` below)."""
     runs: dict = defaultdict(lambda: {k: {"rows": 0, "rungs": 0.0, "stopped": 0, "capped": 0}
                                       for k in ("first", "later")})
     trained: dict[str, int] = defaultdict(int)
