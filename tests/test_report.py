@@ -6,7 +6,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from harness.report import plots
+from harness.report import canvas, plots
 from harness.cli.report import report_dir
 from harness.errors import UsageError
 from harness.report.build import SECTIONS, write_report
@@ -84,10 +84,10 @@ def test_tables_ratios_and_statuses(synthetic_report):
 
 def test_plots_are_images_of_the_expected_size(synthetic_report):
     folder, _ = synthetic_report
-    expected = {"time_vs_length.png": plots.grid_size_px(2, 3),
-                "memory_vs_length.png": plots.grid_size_px(2, 3),
-                "error_vs_length.png": plots.grid_size_px(2, 3),
-                "pareto.png": plots.grid_size_px(2, 3),     # N = 4096 and 16384 x 3 inputs
+    expected = {"time_vs_length.png": canvas.grid_size_px(2, 3),
+                "memory_vs_length.png": canvas.grid_size_px(2, 3),
+                "error_vs_length.png": canvas.grid_size_px(2, 3),
+                "pareto.png": canvas.grid_size_px(2, 3),     # N = 4096 and 16384 x 3 inputs
                 "gflops.png": plots.gflops_size_px(5)}
     assert sorted(p.name for p in (folder / "plots").iterdir()) == sorted(expected)
     for name, (w, h) in expected.items():

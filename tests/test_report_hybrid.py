@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import report_synth as S
-from harness.report import frontier, hybrid, plots
+from harness.report import frontier, hybrid, trained_plots
 from harness.report import run as report_run
 from harness.report.build import write_report
 
@@ -44,12 +44,12 @@ def test_the_share_plot_draws_each_cells_median_and_its_seeds_range(tmp_path, mo
             + _seeds("sdpa", (1.0, 0.98, 0.99)))
     run = report_run.read(_folder(tmp_path, rows))
     drawn = []
-    real = plots.share_plot
-    monkeypatch.setattr(plots, "share_plot", lambda df, *a: drawn.append(df) or real(df, *a))
+    real = trained_plots.share_plot
+    monkeypatch.setattr(trained_plots, "share_plot", lambda df, *a: drawn.append(df) or real(df, *a))
     blocks = hybrid.blocks(run)
     assert [b[2] for b in blocks if b[0] == "h"] == [hybrid.TITLE, SETTING]
     (df,) = drawn
-    ax = plots.share_figure(df, SETTING).axes[0]
+    ax = trained_plots.share_figure(df, SETTING).axes[0]
     art = _gids(ax)
     # gla: medians 0.2 (not the mean 0.3) at 0 and 0.9 at 1/4, filled; 1/2 unsettled, hollow
     close = np.testing.assert_allclose
@@ -165,7 +165,7 @@ def test_the_frontier_draws_a_stack_at_its_total_state(tmp_path, monkeypatch):
     rows = [S.hybrid_row(v, 0.5) for v in ("gated_deltanet", "gated_deltanet*3+sdpa", "sdpa")]
     run = report_run.read(_folder(tmp_path, rows))
     drawn = []
-    monkeypatch.setattr(plots, "frontier_plot", lambda df, *a: drawn.append(df) or a[1])
+    monkeypatch.setattr(trained_plots, "frontier_plot", lambda df, *a: drawn.append(df) or a[1])
     frontier.frontier_blocks(run.train, tmp_path / "plots")
     (df,) = drawn
     state = dict(zip(df["variant"], df["state_bytes"]))

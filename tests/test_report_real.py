@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from harness.report import plots
+from harness.report import canvas
 from harness.report.build import SECTIONS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +34,6 @@ def test_report_of_a_small_real_run(tmp_path, capsys):
     n_pass = 1  # forward only, and one input distribution
     for name in ("time_vs_length.png", "memory_vs_length.png", "error_vs_length.png"):
         img = matplotlib.image.imread(folder / "plots" / name)
-        w, h = plots.grid_size_px(n_pass, 1)
+        w, h = canvas.grid_size_px(n_pass, 1)
         assert img.shape[:2] == (h, w) and img[..., :3].std() > 0.01
     assert (folder / "report.html").stat().st_size > 10_000

@@ -126,7 +126,7 @@ def test_compare_flags_an_accuracy_drop_and_a_configuration_that_stopped(tmp_pat
 # cell of one seed; unsettled cells drawn filled, counted in "smallest state reaching 0.9",
 # the fastest-step answer or the MAD ordering; the count of unsettled cells missing.
 
-from harness.report import frontier, plots  # noqa: E402
+from harness.report import frontier, trained_plots  # noqa: E402
 from harness.report.frontier import cells, smallest_state_table, task_table  # noqa: E402
 
 P8 = json.dumps({"num_kv_pairs": 8, "power_a": 0.01, "random_non_queries": False},
@@ -201,8 +201,8 @@ def test_unsettled_cells_are_left_out_of_the_answers_and_orderings(tmp_path):
 
 def test_the_frontier_draws_unsettled_cells_hollow_with_error_bars(tmp_path, monkeypatch):
     seen = []
-    real = plots.frontier_plot
-    monkeypatch.setattr(plots, "frontier_plot",
+    real = trained_plots.frontier_plot
+    monkeypatch.setattr(trained_plots, "frontier_plot",
                         lambda df, *a, **k: seen.append(df.copy()) or real(df, *a, **k))
     folder = report_synth.write_train(tmp_path / "plot", SEEDED)
     md = write_report(folder).read_text()

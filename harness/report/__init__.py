@@ -6,7 +6,9 @@ report.md, report.html and plots/; compares two runs. It never measures.
     analysis.py        Pareto fronts, crossovers, log-log slopes, change classes
     tables.py          the report's tables (answers, ratios, slopes, GFLOP/s, ...)
     captured.py        the view of captured (real-model) inputs
-    plots.py           the PNG plots
+    canvas.py          what the figures share: geometry, the Agg canvas, styles, legend
+    plots.py           figures of benchmark rows (scaling, Pareto, GFLOP/s, budget)
+    trained_plots.py   figures of trained rows (accuracy, frontier, share of attention)
     build.py           the report itself (`write_report`): the sections' order, the writers
     compare.py         two runs side by side (`compare_runs`)
 
@@ -16,7 +18,8 @@ report.md, report.html and plots/; compares two runs. It never measures.
     answers.py         "Answers"; its decode lines in decoders.py
     trained.py         "Quality when trained" and its Answers line (train.csv); a
                        configuration over its seeds in cells.py; its
-                       frontier of accuracy against state and its tasks in frontier.py
+                       frontier of accuracy against state and its tasks in frontier.py,
+                       its curves of accuracy against steps in curves.py
     hybrid.py          recall of layer-pattern stacks against their share of attention
                        layers, and its Answers line (train.csv)
     model.py           "Model drift" (model.csv)

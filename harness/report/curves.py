@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.files.curves import TRAIN_CURVES, read_curves
-from harness.report import plots
+from harness.report import canvas
 from harness.report.cells import CELL, cells
 from harness.report.frontier import _slug, task_settings, with_sizes
 
@@ -93,8 +93,8 @@ def curves_figure(runs: pd.DataFrame, title: str):
                                                 len(names))))
     seeds = sorted(runs["seed"].unique())
     dashes = dict(zip(seeds, ["", (4, 2), (1, 1.5), (6, 2, 1, 2)] * 4))
-    w, h = plots.grid_size_px(1, 2)
-    fig = plots._new_figure(w / plots.DPI, h / plots.DPI)
+    w, h = canvas.grid_size_px(1, 2)
+    fig = canvas.new_figure(w / canvas.DPI, h / canvas.DPI)
     acc_ax, loss_ax = fig.subplots(1, 2)
     for r in runs.itertuples():
         name = f"{r.variant} {r.size}".strip()
@@ -110,8 +110,8 @@ def curves_figure(runs: pd.DataFrame, title: str):
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
     fig.suptitle(textwrap.fill(title, 80), fontsize=9)
-    plots._adjust(fig, 1, 2)
-    plots._legend(fig, {**colours, **{f"seed {s}": "black" for s in seeds}}, 2,
+    canvas.adjust(fig, 1, 2)
+    canvas.legend(fig, {**colours, **{f"seed {s}": "black" for s in seeds}}, 2,
                   {**{n: "" for n in names}, **{f"seed {s}": dashes[s] for s in seeds}},
                   {**{n: "" for n in names}, **{f"seed {s}": "" for s in seeds}})
     return fig
@@ -119,7 +119,7 @@ def curves_figure(runs: pd.DataFrame, title: str):
 
 def curves_plot(runs: pd.DataFrame, title: str, path: Path) -> Path:
     """curves_figure written to `path` (PNG)."""
-    return plots._save(curves_figure(runs, title), path)
+    return canvas.save(curves_figure(runs, title), path)
 
 
 def blocks(tr: pd.DataFrame, run_dir: Path) -> list[tuple]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report import plots
+from harness.report import trained_plots
 from harness.report.cells import (answerable, cells, footnote, known_false, marks,
                                   range_text, unsettled_note)
 
@@ -146,7 +146,7 @@ def frontier_blocks(tr: pd.DataFrame, pdir: Path) -> list[tuple]:
                 known_false(v) or ((v is None or pd.isna(v)) and r is not None
                                    and not pd.isna(r) and bool(r))
                 for v, r in zip(d["settled"], d["rising"])])
-        blocks += [("img", plots.frontier_plot(g, s, pdir / f"trained_frontier_{_slug(s)}.png",
+        blocks += [("img", trained_plots.frontier_plot(g, s, pdir / f"trained_frontier_{_slug(s)}.png",
                                                RECALL), f"accuracy against state: {s}"),
                    ("table", frontier_table(tr, s))]
     return blocks + footnote(df)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report import frontier, plots
+from harness.report import frontier, trained_plots
 from harness.report.cells import answerable, cells, footnote, known_false, range_text
 from harness.report.run import Run
 
@@ -180,7 +180,7 @@ def blocks(run: Run) -> list[tuple]:
     for s in frontier.task_settings(p):
         g = p[p["task_setting"] == s]
         out += [("h", 3, s),
-                ("img", plots.share_plot(g, s, pdir / f"hybrid_share_{_slug(s)}.png",
+                ("img", trained_plots.share_plot(g, s, pdir / f"hybrid_share_{_slug(s)}.png",
                                          RECALL), f"accuracy against the share of attention: {s}"),
                 ("table", share_table(g)),
                 ("p", order_sentence(g))]

@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.errors import UsageError
 from harness.files import TRAIN_COLUMNS, TRAIN_CSV, TRAIN_LATER_COLUMNS, TRAIN_META
-from harness.report import curves, frontier, plots
+from harness.report import curves, frontier, trained_plots
 from harness.report.folder import STATUSES, short_labels
 
 TITLE = "Quality when trained"
@@ -270,10 +270,10 @@ def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list
     blocks += frontier.footnote(ok) if len(ok) else []
     if not ok.empty:
         blocks += [
-            ("img", plots.accuracy_plot(ok, "seq_len", "sequence length N",
+            ("img", trained_plots.accuracy_plot(ok, "seq_len", "sequence length N",
                                         pdir / "trained_accuracy_vs_length.png"),
              "held-out accuracy against sequence length"),
-            ("img", plots.accuracy_plot(ok, "num_kv_pairs", "key-value pairs",
+            ("img", trained_plots.accuracy_plot(ok, "num_kv_pairs", "key-value pairs",
                                         pdir / "trained_accuracy_vs_pairs.png"),
              "held-out accuracy against the number of key-value pairs"),
             ("p", "Lines join the mean over settings that share an x value. How each "
@@ -290,7 +290,7 @@ def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list
                    ("p", "Held-out accuracy against the variant's median forward time at the "
                          "same N, from this folder's results.csv (the benchmark's own shape, "
                          "not the trained model's)."),
-                   ("img", plots.accuracy_time_plot(timed.assign(line=timed["label"]),
+                   ("img", trained_plots.accuracy_time_plot(timed.assign(line=timed["label"]),
                                                     pdir / "trained_accuracy_vs_time.png"),
                     "held-out accuracy against forward time"),
                    ("table", pd.DataFrame({"setting": timed["setting"],
