@@ -241,11 +241,12 @@ def chunk_delta_channel(q, k, v, beta, g, C: int, sub: int, S=None):
     last = b[..., -1:, :]  # (B, H, nc, 1, D)
     p_att, kk = channel_scores(torch.stack([qc, kc]), kc, b, sub)  # P; K K^T decayed
     a = bc[..., :, None] * kk * masks(C, q)[1]
-    rhs = bc[..., None] * torch.cat([vc, kc * b.exp()], dim=-1)  # diag(β) [V | K ⊙ e^b]
+    eb = b.exp()  # e^b, taken once for W's right-hand side and Q ⊙ e^b
+    rhs = bc[..., None] * torch.cat([vc, kc * eb], dim=-1)  # diag(β) [V | K ⊙ e^b]
     x = unit_lower_solve(a, rhs)
     u_t, w = x[..., :D].contiguous(), x[..., D:].contiguous()
     att = p_att
-    qe, kd = qc * b.exp(), kc * (last - b).exp()
+    qe, kd = qc * eb, kc * (last - b).exp()
     decay = last.exp().transpose(-1, -2)  # (B, H, nc, D, 1): the state's rows
     S = q.new_zeros(B, H, D, D) if S is None else S
     out = []

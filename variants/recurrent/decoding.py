@@ -68,8 +68,9 @@ class RecurrentDecoding:
         q, k, v, g, beta = self._in(q, k, v, inputs, state.S.dtype)
         _write(state.S, k[:, :, 0], v[:, :, 0], None if g is None else g[:, :, 0],
                None if beta is None else beta[:, :, 0])
-        o = (q[:, :, 0, None, :] @ state.S) * q.shape[-1] ** -0.5  # (B, H, 1, Dv)
-        return o.to(dtype), state
+        B, H, D, Dv = state.S.shape
+        o = torch.bmm(q.reshape(B * H, 1, D), state.S.view(B * H, D, Dv))
+        return o.mul_(D ** -0.5).view(B, H, 1, Dv).to(dtype), state
 
 
 def _delta_block(S, k, v, beta, g) -> None:
@@ -92,12 +93,15 @@ def _delta_block(S, k, v, beta, g) -> None:
 
 def _write(S, k, v, g, beta) -> None:
     """One token of the recurrence into S (B, H, D, Dv), in place: decay, erase, write.
-    k, v (B, H, D); g (B, H) or (B, H, D) or None; beta (B, H) or None."""
+    k, v (B, H, D); g (B, H) or (B, H, D) or None; beta (B, H) or None. On (B H)-batched
+    views, so that each product is one bmm: the erase's v - k S one baddbmm, the write
+    S + k^T w another (a step at B = 1 is a few small calls, and their count is its time)."""
+    B, H, D, Dv = S.shape
+    S3, k3 = S.view(B * H, D, Dv), k.reshape(B * H, 1, D)
     if g is not None:
         a = g.exp()
         S.mul_(a[..., None, None] if a.dim() == 2 else a[..., :, None])
-    if beta is None:
-        write = v
-    else:
-        write = beta[..., None] * (v - (k[..., None, :] @ S).squeeze(-2))
-    S.add_(k[..., :, None] * write[..., None, :])
+    w = v.reshape(B * H, 1, Dv)
+    if beta is not None:  # β (v - k S): what the erase leaves, scaled
+        w = torch.baddbmm(w, k3, S3, alpha=-1).mul_(beta.reshape(B * H, 1, 1))
+    S3.baddbmm_(k3.transpose(1, 2), w)
