@@ -7,7 +7,8 @@ resubmitted by that command (Slurm); a configuration that kills its job every ti
 an error row after the retries (local); a requeued job skips what a newer job holds.
 
 Planted bugs: a configuration in two shards or in none, a merge out of the matrix's order,
-a shard that trains with other settings than the serial worker (the accuracies differ);
+a shard that trains with other settings than the serial worker (the accuracies differ),
+shards' curves left out of train_curves.jsonl or their busy samples out of the records;
 resubmission off in the waiting command (the scancel and killer tests), retries miscounted
 (the killer's reason and job count), a requeued shard that trains a newer job's
 configuration (the requeue test)."""
@@ -28,6 +29,7 @@ import run_bench
 from harness.cluster import engine, shards, trained
 from harness.cluster.shards import TRAIN as files
 from harness.files import TRAIN_COLUMNS
+from harness.files.curves import TRAIN_CURVES
 from harness.measure.worker import EXTRA_ENV
 from harness.train import matrix as tm
 from test_sharded import FAKES, needs_slurm
@@ -79,6 +81,17 @@ def _same_as_serial(rows: list[dict], folder: Path, jobs: int) -> None:
     assert set(ids.values()) == {1} and len(ids) == len(rows)  # each trained once
     meta = json.loads((folder / "train_meta.json").read_text())
     assert sorted(r["shard"] for r in meta["shards"]) == list(range(jobs))
+    assert all(r["busy"] and "other_cores" in r["busy"][0] for r in meta["shards"])
+    # the curves of every trained row, merged beside train.csv in its order, as serial
+    serial_curves = (folder.parent / "serial" / TRAIN_CURVES).read_text().splitlines()
+    curves = (folder / TRAIN_CURVES).read_text().splitlines()
+    assert [json.loads(c)["config_id"] for c in curves] == [
+        r["config_id"] for r in got if r["status"] == "ok"]
+    parsed = [json.loads(c) for c in curves]
+    assert all(run["history"] for c in parsed for run in c["runs"])
+    assert [[(r["lr"], r["steps_run"], r["history"]) for r in c["runs"]] for c in parsed] == [
+        [(r["lr"], r["steps_run"], r["history"]) for r in json.loads(c)["runs"]]
+        for c in serial_curves]
     assert (folder / "report.md").is_file()
 
 

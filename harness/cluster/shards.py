@@ -16,12 +16,15 @@ process writes each file):
                               in (the submitting process)
     shards/train-<i>.csv, .json, .log, shards/train-jobs.json
                               the same for a training sweep (train.csv's columns)
+    shards/train-<i>_curves.jsonl  shard i's training curves (train_curves.jsonl's lines)
     submitit/                 submitit's pickles and job logs
 
 Shard numbers grow across sessions (a resumed run's new jobs get new numbers), so no job
 ever appends to a file an earlier job may still write. A unit is finished when a complete
 row with its id is in the result file or in any shard file; merging writes the result file
-with every finished unit once, in the order of the matrix (the order a serial run writes).
+with every finished unit once, in the order of the matrix (the order a serial run writes),
+and a layout's side file (a training sweep's curves) with each of those units' line from
+the file beside the row that was kept.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.files import RESULT_COLUMNS, RESULTS, ROUNDS, TRAIN_COLUMNS, TRAIN_CSV, write_json
+from harness.files.curves import CURVES_SUFFIX
 
 SHARDS = "shards"
 _LOGGED = re.compile(rb"^--- \S+ \w+ ([0-9a-f]{16}) ", re.M)
@@ -46,13 +50,15 @@ _LOGGED = re.compile(rb"^--- \S+ \w+ ([0-9a-f]{16}) ", re.M)
 class Files:
     """One command's files in a run folder: `prefix`-<i>.* per shard, the result file
     (`results`, its `columns`, a row's id in column `key`), the jobs list (`jobs`), where
-    each job lists the ids it holds under `held`."""
+    each job lists the ids it holds under `held`. `side`: the suffix of a JSON-lines file
+    beside each result file, a line per unit keyed by `key` (None: no such file)."""
     prefix: str
     results: str
     columns: tuple
     key: str
     jobs: str
     held: str
+    side: str | None = None
 
     def _shard(self, folder: Path, index: int, suffix: str) -> Path:
         return Path(folder) / SHARDS / f"{self.prefix}-{index}.{suffix}"
@@ -78,31 +84,37 @@ class Files:
     def finished_rows(self, folder: Path) -> dict[str, dict]:
         """unit id -> its row, over the result file then every shard file (the first row
         of an id wins)."""
-        rows: dict[str, dict] = {}
+        return {k: row for k, (row, _) in self._finished(folder).items()}
+
+    def _finished(self, folder: Path) -> dict[str, tuple[dict, Path]]:
+        """unit id -> (its row, the file it was read from), as finished_rows."""
+        rows: dict[str, tuple[dict, Path]] = {}
         paths = [Path(folder) / self.results] + [self.shard_csv(folder, i)
                                                  for i in self.shard_indices(folder)]
         for path in paths:
             for row in read_rows(path):
-                rows.setdefault(row[self.key], row)
+                rows.setdefault(row[self.key], (row, path))
         return rows
+
+    def side_path(self, results_path: Path) -> Path:
+        """The side file beside a result file (train.csv -> train_curves.jsonl)."""
+        path = Path(results_path)
+        return path.with_name(path.name[:-len(path.suffix)] + self.side)
 
     def merge(self, folder: Path, ids: list[str]) -> int:
         """Rewrite the result file with every finished unit once, in the order of `ids`
         (the matrix's; unknown ids last); returns the count. Written to a temporary file
         and renamed, so it is never half written."""
-        rows = self.finished_rows(folder)
+        found = self._finished(folder)
         order = {k: i for i, k in enumerate(ids)}
-        keys = sorted(rows, key=lambda k: (order.get(k, len(order)), k))
+        keys = sorted(found, key=lambda k: (order.get(k, len(order)), k))
         path = Path(folder) / self.results
-        tmp = path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=self.columns, extrasaction="raise")
-            w.writeheader()
-            for k in keys:
-                w.writerow({c: rows[k].get(c, "") for c in self.columns})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if self.side is not None:  # first, so that no merged row's line is missing from it
+            lines = {p: _side_lines(self.side_path(p), self.key)
+                     for p in {src for _, src in found.values()}}
+            kept = [lines[found[k][1]][k] for k in keys if k in lines[found[k][1]]]
+            _replace(self.side_path(path), lambda f: f.writelines(kept))
+        _replace(path, lambda f: _write_rows(f, self.columns, [found[k][0] for k in keys]))
         return len(keys)
 
     def read_jobs(self, folder: Path) -> list[dict]:
@@ -168,7 +180,37 @@ class Files:
 
 MATRIX = Files("shard", RESULTS, tuple(RESULT_COLUMNS), "case_id", "jobs.json", "cases")
 TRAIN = Files("train", TRAIN_CSV, tuple(TRAIN_COLUMNS), "config_id", "train-jobs.json",
-              "configs")
+              "configs", CURVES_SUFFIX)
+
+
+def _replace(path: Path, write) -> None:
+    """write(f) into a temporary file, then renamed over `path`: never half written."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _write_rows(f, columns: tuple, rows: list[dict]) -> None:
+    w = csv.DictWriter(f, fieldnames=columns, extrasaction="raise")
+    w.writeheader()
+    for row in rows:
+        w.writerow({c: row.get(c, "") for c in columns})
+
+
+def _side_lines(path: Path, key: str) -> dict[str, str]:
+    """unit id -> its line of a JSON-lines side file (the last of an id written twice, as
+    harness.files.curves reads them); a partial last line is left out."""
+    out: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines(keepends=True):
+            try:
+                out[json.loads(line)[key]] = line if line.endswith("\n") else line + "\n"
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    return out
 
 
 _cache: dict[Path, tuple[tuple[int, int], object]] = {}

@@ -25,18 +25,25 @@ class TrainShardStore(ex.StopOnSignals, TrainStore):
 
 
 def train_shard(folder: str, index: int, configs: list[TrainConfig], executor: str) -> dict:
-    """Train one shard's configurations into shards/train-<index>.csv (inside the job);
-    configurations already in that file (an earlier attempt, before a requeue) are skipped,
-    and so are those a newer job of the sweep holds when this one starts."""
+    """Train one shard's configurations into shards/train-<index>.csv and its curves file
+    (inside the job), other work on the node sampled into the shard's record as a serial
+    sweep samples it (`runner.BusyWatch`); configurations already in that file (an earlier
+    attempt, before a requeue) are skipped, and so are those a newer job of the sweep holds
+    when this one starts."""
     folder = Path(folder)
     store = TrainShardStore(folder, csv_path=TRAIN.shard_csv(folder, index))
     store.stop_on_signals()
     done = store.done_ids() | {c.config_id for c in configs
                                if TRAIN.taken_elsewhere(folder, c.config_id, index)}
     env = environment(configs[0].threads if configs else 1)
-    record = ex.job_record(index, executor, TRAIN.held, configs, env)
+    record = ex.job_record(index, executor, TRAIN.held, configs, env, busy=[])
     TRAIN.write_record(folder, index, record)
-    counts = runner.sweep(configs, store, done, TRAIN.shard_log(folder, index))
+    watch = runner.BusyWatch(record["busy"])
+    watch.start()
+    try:
+        counts = runner.sweep(configs, store, done, TRAIN.shard_log(folder, index))
+    finally:
+        watch.stop()
     ex.job_ended(record, counts)
     TRAIN.write_record(folder, index, record)
     return dict(counts)
