@@ -117,7 +117,10 @@ def test_strong_decays_stay_exact_and_finite(name, low, high, N):
 def test_the_one_chunk_forms_match_the_sequential_recurrence(name, N, monkeypatch):
     """A sequence that fits in one chunk (here chunk = 256) takes the one-chunk form
     (parallel.py; the chunked kernels are not called): forward and gradients against the
-    float64 recurrence, float64 to 1e-10, float32 within 2 e32 + 1e-6."""
+    float64 recurrence, float64 to 1e-10, float32 within 2 e32 + 1e-6 sqrt(N / 64): each
+    entry of a one-chunk form sums up to N terms, and rounding over a sum grows as the
+    square root of its length (kda's dg at N = 256 read 1.36e-6 and 1.43e-6 under two
+    orders of the same products, against 2 e32 = 3.9e-7)."""
     m, q, k, v, ins = case(name, N)
     m = variants.build(name, chunk=256)
     monkeypatch.setattr(type(m), "_chunked", lambda *a, **i: pytest.fail("chunked form"))
@@ -129,7 +132,8 @@ def test_the_one_chunk_forms_match_the_sequential_recurrence(name, N, monkeypatc
     base = _grads(lambda *a, **i: _sequential(m, *a, **i), q, k, v, ins, torch.float32, w)
     for label, a, b, r in zip(_labels(ins), _grads(whole, q, k, v, ins, torch.float32, w),
                               base, ref):
-        assert _rel(a, r) <= 2 * _rel(b, r) + 1e-6, (label, _rel(a, r), _rel(b, r))
+        bound = 2 * _rel(b, r) + 1e-6 * max(1.0, N / 64) ** 0.5
+        assert _rel(a, r) <= bound, (label, _rel(a, r), _rel(b, r))
 
 
 class _Ops(torch.utils._python_dispatch.TorchDispatchMode):

@@ -125,7 +125,12 @@ class _Scores(torch.autograd.Function):
             eq, ek = _factors(b, m, h)
             qr = _blocks(x, m, D)[..., h:, :] * eq  # the later queries
             kr = _blocks(k, m, D)[..., :h, :] * ek  # the earlier keys
-            _blocks(out, m)[..., h:, :h] = _outer(qr, kr)  # (..., P/m, h, h)
+            if qr.dim() > kr.dim() and h > SMALL:  # stacked: a product per x, not one
+                # against k broadcast (a batched matmul copies the expanded k^T first)
+                for o, r in zip(out.unbind(0), qr.unbind(0)):
+                    _blocks(o, m)[..., h:, :h] = r @ kr.transpose(-1, -2)
+            else:
+                _blocks(out, m)[..., h:, :h] = _outer(qr, kr)  # (..., P/m, h, h)
         return out
 
     @staticmethod
