@@ -154,8 +154,13 @@ def _mixer_call(name, d_model=32, heads=2, N=12):
     model = RecallModel(name, {}, vocab_size=40, d_model=d_model, layers=1, heads=heads,
                         causal=True, mlp=False)
     block, seen = model.blocks[0], {}
-    block.mixer.register_forward_pre_hook(
-        lambda mod, args, kwargs: seen.update(args=args, kwargs=kwargs), with_kwargs=True)
+    unchecked = block.mixer.unchecked
+
+    def spy(*args, **kwargs):  # the block calls the mixer's unchecked method (after its check)
+        seen.update(args=args, kwargs=kwargs)
+        return unchecked(*args, **kwargs)
+
+    block.mixer.unchecked = spy
     block.qkv.register_forward_hook(lambda mod, args, out: seen.update(x=args[0], qkv=out))
     with torch.no_grad():
         model(torch.randint(0, 40, (2, N), generator=torch.Generator().manual_seed(1)))
@@ -210,3 +215,36 @@ def test_each_gate_layers_initial_draw_follows_its_paper():
     g, scale = gla(torch.randn(4, 20, 64))
     assert scale is None and g.shape == (4, 2, 20, 32)
     assert float(g.detach().mean()) == pytest.approx(-math.log(2) / 16, abs=2e-3)
+
+
+def test_a_block_checks_its_mixers_call_once_per_signature_then_calls_it_unchecked():
+    """The gates come from the block's own layers (in range by construction): the block
+    runs the mixer's `check_call` on the first call of each signature (a training batch,
+    an evaluation batch of another size) and `unchecked` on every call. The variant
+    called directly still refuses a gate out of range with its one-line reason."""
+    torch.manual_seed(0)
+    model = RecallModel("gated_deltanet", {}, vocab_size=40, d_model=32, layers=1, heads=2,
+                        causal=True, mlp=False)
+    mixer, counts = model.blocks[0].mixer, {"check": 0, "unchecked": 0}
+    check, unchecked = mixer.check_call, mixer.unchecked
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    mixer.check_call, mixer.unchecked = counted("check", check), counted("unchecked", unchecked)
+    tokens = torch.randint(0, 40, (4, 16), generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        model(tokens).sum().backward()
+    assert counts == {"check": 1, "unchecked": 3}
+    with torch.no_grad():  # another signature: no autograd, another batch
+        model(tokens[:2])
+        model(tokens[:2])
+    assert counts == {"check": 2, "unchecked": 5}
+    q = k = v = torch.randn(2, 2, 16, 16)
+    g, beta = -torch.rand(2, 2, 16), torch.rand(2, 2, 16) * 0.5 + 0.25
+    mixer(q, k, v, True, g=g, beta=beta)
+    with pytest.raises(ValueError, match="input 'g' must lie in <= 0"):
+        mixer(q, k, v, True, g=-g, beta=beta)

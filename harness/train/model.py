@@ -149,6 +149,7 @@ class Block(nn.Module):
         self.norm_attn = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.mixer = mixer
+        self._checked = set()  # the call signatures `_mix` has checked
         self.inputs = nn.ModuleDict({s.name: InputLayer(s, d_model, heads)
                                      for s in getattr(mixer, "inputs", ())})
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
@@ -157,6 +158,19 @@ class Block(nn.Module):
             self.norm_mlp = nn.LayerNorm(d_model)
             self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
                                      nn.Linear(4 * d_model, d_model))
+
+    def _mix(self, q, k, v, extra: dict) -> torch.Tensor:
+        """The mixer's `check_call` once per call signature (shapes, dtype, device,
+        whether autograd records), then `unchecked`: the gates come from this block's own
+        layers, whose ranges hold by construction, so a per-step range check would only
+        cost reductions over every gate and, on CUDA, a host sync per input. A user's call of the variant itself is checked every time."""
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        key = (tuple(q.shape), q.dtype, q.device, grad,
+               tuple((n, tuple(t.shape), t.dtype) for n, t in extra.items()))
+        if key not in self._checked:
+            self.mixer.check_call(q, k, v, self.causal, backward=grad, **extra)
+            self._checked.add(key)
+        return self.mixer.unchecked(q, k, v, self.causal, **extra)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # h (B, N, d)
         B, N, d = h.shape
@@ -170,7 +184,7 @@ class Block(nn.Module):
             extra[name], scale = layer(x)
             if scale is not None:  # Mamba2's write dt_t B_t^T x_t: v scaled by dt
                 v = v * scale
-        o = self.mixer(q, k, v, causal=self.causal, **extra)  # (B, H, N, d / H)
+        o = self._mix(q, k, v, extra)  # (B, H, N, d / H)
         h = h + self.out_proj(o.transpose(1, 2).reshape(B, N, d))
         if self.mlp is not None:
             h = h + self.mlp(self.norm_mlp(h))

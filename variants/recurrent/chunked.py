@@ -55,14 +55,17 @@ def masks(C: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def gamma(b: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
     """exp(b_i - b_j) where lower[i, j] (a 0/1 mask), else 0; b (..., C). Above the
-    diagonal b_i - b_j >= 0 (g <= 0) is clamped to 0 before exp, so nothing overflows."""
-    return (b[..., :, None] - b[..., None, :]).clamp(max=0.0).exp() * lower
+    diagonal b_i - b_j >= 0 (g <= 0) gets -inf added before exp, so nothing overflows and
+    its gradient there is exp's own 0: three ops on (..., C, C), forward and backward,
+    where a clamp, the exp and a mask product were four."""
+    off = torch.zeros_like(lower).masked_fill_(lower == 0, float("-inf"))  # (C, C)
+    return (b[..., :, None] - b[..., None, :] + off).exp()
 
 
 class _UnitLowerSolve(torch.autograd.Function):
     """X = (I + A)^-1 R for A strictly lower triangular (its diagonal and upper part are
-    not read). Backward: dR = (I + A)^-T dX, one solve, and dA = -dR X^T (only its strictly
-    lower part matters: the caller's mask keeps that)."""
+    not read, so a caller need not mask them). Backward: dR = (I + A)^-T dX, one solve,
+    and dA = -dR X^T on the strictly lower part, 0 on what was not read."""
 
     @staticmethod
     def forward(ctx, a, r):
@@ -76,7 +79,7 @@ class _UnitLowerSolve(torch.autograd.Function):
         a, x = ctx.saved_tensors
         dr = torch.linalg.solve_triangular(a.transpose(-1, -2), dx, upper=True,
                                            unitriangular=True)
-        return -(dr @ x.transpose(-1, -2)), dr
+        return (dr @ x.transpose(-1, -2)).neg_().tril_(-1), dr
 
 
 unit_lower_solve = _UnitLowerSolve.apply
@@ -191,14 +194,15 @@ def chunk_delta(q, k, v, beta, g, C: int, S=None):
     qc, kc, vc = (_chunks(_pad(t, n), C) for t in (q, k, v))  # (B, H, nc, C, D)
     bc = _chunks(_pad(beta, n), C)  # (B, H, nc, C)
     s = D ** -0.5
-    lower, strict = masks(C, q)
+    lower = masks(C, q)[0]
     if g is None:
         b = None
         gam = lower
     else:
         b = _chunks(_pad(g, n), C).cumsum(-1)  # (B, H, nc, C)
         gam = gamma(b, lower)
-    a = bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * gam * strict
+    kk = kc @ kc.transpose(-1, -2)  # the solve reads only its strict lower part
+    a = bc[..., :, None] * (kk if b is None else kk * gam)
     ke = kc if b is None else kc * b.exp()[..., None]
     rhs = bc[..., None] * torch.cat([vc, ke], dim=-1)  # diag(β) [V | K ⊙ e^b]
     x = unit_lower_solve(a, rhs)  # (I + A)^-1 rhs

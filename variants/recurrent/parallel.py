@@ -35,23 +35,26 @@ def whole_channel_gate(q, k, v, g, leaf: int):
     return (channel_scores(q, k, g.cumsum(-2), leaf) @ v) * q.shape[-1] ** -0.5
 
 
-def _delta_out(qk, kk, v, beta, lower, strict):
-    """s tril(qk) (I + tril(diag(β) kk, -1))^-1 diag(β) V; qk, kk (B, H, N, N) decayed."""
-    u = unit_lower_solve(beta[..., :, None] * kk * strict, beta[..., None] * v)
-    return ((qk * lower) @ u) * v.shape[-1] ** -0.5
+def _delta_out(qk, kk, v, beta):
+    """s qk (I + tril(diag(β) kk, -1))^-1 diag(β) V; qk (B, H, N, N) decayed and zero above
+    the diagonal, kk decayed (its diagonal and upper part are never read: the solve's)."""
+    u = unit_lower_solve(beta[..., :, None] * kk, beta[..., None] * v)
+    return (qk @ u) * v.shape[-1] ** -0.5
 
 
 def whole_delta(q, k, v, beta, g):
     """DeltaNet (g None) / Gated DeltaNet (g (B, H, N)); beta (B, H, N)."""
-    lower, strict = masks(q.shape[-2], q)
-    qk, kk = torch.cat([q, k], dim=-2).matmul(k.transpose(-1, -2)).split(q.shape[-2], dim=-2)
-    if g is not None:
-        gam = gamma(g.cumsum(-1), lower)
-        qk, kk = qk * gam, kk * gam
-    return _delta_out(qk, kk, v, beta, lower, strict)
+    lower = masks(q.shape[-2], q)[0]
+    kt = k.transpose(-1, -2)
+    qk, kk = q @ kt, k @ kt  # two products: a cat of q and k and its split's backward cost more
+    if g is None:
+        return _delta_out(qk * lower, kk, v, beta)
+    gam = gamma(g.cumsum(-1), lower)  # zero above the diagonal
+    return _delta_out(qk * gam, kk * gam, v, beta)
 
 
 def whole_delta_channel(q, k, v, beta, g, leaf: int):
-    """Kimi Delta Attention: g (B, H, N, D) per channel, beta (B, H, N)."""
+    """Kimi Delta Attention: g (B, H, N, D) per channel, beta (B, H, N). The per-channel
+    scores are zero above the diagonal already."""
     qk, kk = channel_scores(torch.stack([q, k]), k, g.cumsum(-2), leaf)
-    return _delta_out(qk, kk, v, beta, *masks(q.shape[-2], q))
+    return _delta_out(qk, kk, v, beta)
