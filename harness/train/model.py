@@ -163,7 +163,8 @@ class Block(nn.Module):
         """The mixer's `check_call` once per call signature (shapes, dtype, device,
         whether autograd records), then `unchecked`: the gates come from this block's own
         layers, whose ranges hold by construction, so a per-step range check would only
-        cost reductions over every gate and, on CUDA, a host sync per input. A user's call of the variant itself is checked every time."""
+        cost reductions over every gate and, on CUDA, a host sync per input. A user's call
+        of the variant itself is checked every time."""
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         key = (tuple(q.shape), q.dtype, q.device, grad,
                tuple((n, tuple(t.shape), t.dtype) for n, t in extra.items()))

@@ -2,8 +2,9 @@
 for a sequence that fits in one chunk (a recall model's N = 64). The same sums as
 `chunked.py`'s with one chunk, minus what only a carried state needs (the chunk states,
 their scan, W = T K, the per-chunk loop): at such lengths a chunked call's cost is its
-small operations, not its arithmetic, so these take as few as the form allows. Inputs in the compute dtype; q, k L2-normalised for the
-delta rule (the caller's). Each -> o (B, H, N, D).
+small operations, not its arithmetic, so these take as few as the form allows. Inputs in
+the compute dtype; q, k L2-normalised for the delta rule (the caller's). Each -> o
+(B, H, N, D).
 
 With b = cumsum(g) over the sequence, s = D^-1/2 and Γ_ij = exp(b_i - b_j) for j <= i
 (the decay as a mask, every exponent <= 0):
