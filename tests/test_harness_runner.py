@@ -128,8 +128,9 @@ def test_killed_run_resumes_without_loss_or_duplication(tmp_path):
     cfg.write_text('variants = ["sdpa"]\nseq_lens = [64, 256]\nheads = 1\n'
                    'inputs = ["gaussian", "sharp", "local"]\npasses = ["forward", "forward_backward"]\n'
                    "min_run_time_s = 0.02\nmin_repeats = 3\n")
+    # --no-report: the rerun's report (plots: seconds) is not what this test reads
     cmd = [sys.executable, "run_bench.py", "run", "--config", str(cfg), "--results-dir",
-           str(tmp_path), "--run-id", "r"]
+           str(tmp_path), "--run-id", "r", "--no-report"]
     folder = tmp_path / "r"
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 90

@@ -1,5 +1,6 @@
 """`python -m harness.measure.repeatability`: the `drift` preset's dozen (here a tiny slice
-of it) run twice with one round and once with rounds, through the real runner."""
+of it) run twice with one round and once with rounds, through the real runner (its matmul
+rate on a small matmul: tests/conftest.py's small_matmul; nothing here reads the rate)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def test_the_dozen_is_the_drift_preset_without_its_rounds():
     assert repeatability.MATRIX == {k: v for k, v in preset.items() if k != "rounds"}
 
 
-def test_three_runs_and_a_line_per_case(tmp_path, capsys):
+def test_three_runs_and_a_line_per_case(tmp_path, capsys, quick_matmul):
     assert repeatability.main(["--seq-len", "64", "--variants", "sdpa,linear",
                                "--min-run-time", "0.01", "--keep", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import run_bench
+from conftest import small_matmul
 from harness.measure import matrix as mx
 from harness.cluster import engine, executors, sharded, shards
 from harness.cluster.shards import MATRIX as files
@@ -73,11 +74,14 @@ def _run(cfg: Path, out: Path, run_id: str, *extra: str) -> int:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """The tiny matrix and its serial run (the reference for the sharded ones)."""
+    """The tiny matrix and its serial run (the reference for the sharded ones; its matmul
+    rate timed small: small_matmul)."""
     d = tmp_path_factory.mktemp("sharded")
     cfg = d / "tiny.toml"
     cfg.write_text(TINY)
-    assert _run(cfg, d, "serial") == 0
+    with pytest.MonkeyPatch.context() as mp:
+        small_matmul(mp)
+        assert _run(cfg, d, "serial") == 0
     return cfg, d, d / "serial" / "results.csv"
 
 
@@ -104,7 +108,7 @@ def _same_as_serial(serial_csv: Path, folder: Path, jobs: int) -> None:
 
 
 @needs_slurm
-def test_slurm_two_shards_match_serial(tiny):
+def test_slurm_two_shards_match_serial(tiny, quick_matmul):
     cfg, d, serial = tiny
     assert _run(cfg, d, "slurm", "--executor", "slurm", "--shards", "2") == 0
     _same_as_serial(serial, d / "slurm", jobs=2)
@@ -112,7 +116,7 @@ def test_slurm_two_shards_match_serial(tiny):
     assert [j["executor"] for j in jobs] == ["slurm", "slurm"] and "_" in jobs[0]["job_id"]
 
 
-def test_local_two_shards_match_serial(tiny):
+def test_local_two_shards_match_serial(tiny, quick_matmul):
     cfg, d, serial = tiny
     assert _run(cfg, d, "local", "--executor", "local", "--shards", "2") == 0
     _same_as_serial(serial, d / "local", jobs=2)
@@ -120,18 +124,20 @@ def test_local_two_shards_match_serial(tiny):
     assert "shards at once on one node" in md  # CPU timings with 2 shards on this node
     before = (d / "local" / "results.csv").read_text()
     # another executor is the same run: resumed, nothing left to measure
-    assert _run(cfg, d, "local", "--executor", "serial") == 0
+    assert _run(cfg, d, "local", "--executor", "serial", "--no-report") == 0
     assert (d / "local" / "results.csv").read_text() == before
 
 
 @needs_slurm
-def test_scancel_one_shard_then_one_rerun_finishes_each_case_once(tmp_path, monkeypatch):
+def test_scancel_one_shard_then_one_rerun_finishes_each_case_once(tmp_path, monkeypatch,
+                                                                   quick_matmul):
     monkeypatch.setenv(EXTRA_ENV, FAKES)  # the jobs inherit it and register the fakes
     monkeypatch.setattr(engine, "SCHEDULER_POLL_S", 1.0)  # a test need not spare squeue
     cfg = tmp_path / "slow.toml"
-    # each case sleeps through ~7 calls: ~3 s, so the cancel (SIGTERM, then SIGKILL after
-    # KillWait = 5 s) lands mid-shard and kills a worker in the middle of a case
-    cfg.write_text('variants = {_test_sleeps = [{seconds = 0.4}, {seconds = 0.45}]}\n'
+    # each case sleeps through 8 calls (3 for memory, 5 for error and time): at least
+    # 1.6 s, so the cancel (SIGTERM, then SIGKILL after KillWait = 5 s), sent as soon as
+    # shard 0's first row is there, lands mid-shard and kills a worker in the middle of a case
+    cfg.write_text('variants = {_test_sleeps = [{seconds = 0.2}, {seconds = 0.25}]}\n'
                    'seq_lens = [16, 32, 48]\nheads = 1\nhead_dim = 8\npasses = ["forward"]\n'
                    'min_run_time_s = 0.01\nmin_repeats = 3\n')
     argv = ("--executor", "slurm", "--shards", "2")
@@ -145,7 +151,8 @@ def test_scancel_one_shard_then_one_rerun_finishes_each_case_once(tmp_path, monk
     subprocess.run(["scancel", a["job_id"]], check=True)
     # at once, while squeue still shows the job (RUNNING, then COMPLETING for seconds): the
     # same command waits for it to end, resubmits what it left, and delivers the whole run
-    assert _run(cfg, tmp_path, "r", *argv) == 0
+    # (its report, which nothing here reads, left out)
+    assert _run(cfg, tmp_path, "r", *argv, "--no-report") == 0
     done_before = len(_rows(files.shard_csv(folder, a["shard"])))
     assert 1 <= done_before < 3, "the cancel came after shard 0 had finished"
     planned = [c.case_id for c in mx.load(str(cfg))[1]]
@@ -172,7 +179,7 @@ def _killer_run(tmp_path, monkeypatch, executor: str) -> tuple[Path, list[dict]]
     cfg = tmp_path / "killer.toml"
     cfg.write_text(KILLER)
     assert _run(cfg, tmp_path, "k", "--executor", executor, "--shards", "2",
-                "--max-retries", "1") == 0  # every case has a row: exit 0
+                "--max-retries", "1", "--no-report") == 0  # every case has a row: exit 0
     folder = tmp_path / "k"
     rows = _rows(folder / "results.csv")
     assert [r["case_id"] for r in rows] == [c.case_id for c in mx.load(str(cfg))[1]]
@@ -192,7 +199,8 @@ def _killer_run(tmp_path, monkeypatch, executor: str) -> tuple[Path, list[dict]]
 
 
 @pytest.mark.timeout(240)
-def test_local_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_path, monkeypatch):
+def test_local_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_path, monkeypatch,
+                                                                          quick_matmul):
     _, jobs = _killer_run(tmp_path, monkeypatch, "local")
     dead = [j for j in jobs if j.get("state")]
     assert [j["state"] for j in dead] == ["KILLED", "KILLED"]
@@ -200,7 +208,8 @@ def test_local_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_pa
 
 @needs_slurm
 @pytest.mark.timeout(240)
-def test_slurm_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_path, monkeypatch):
+def test_slurm_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_path, monkeypatch,
+                                                                          quick_matmul):
     folder, jobs = _killer_run(tmp_path, monkeypatch, "slurm")
     assert [j["state"] for j in jobs if j.get("state")] == ["FAILED", "FAILED"]
     dead = [r for r in _rows(folder / "results.csv") if r["status"] == "error"][0]

@@ -138,11 +138,14 @@ def test_workers_with_an_executor_is_refused(serial, capsys):
     assert not (d / "x").exists()
 
 
-# Configurations that train for seconds each (the variant sleeps in every call: no speed of
-# this machine's own decides when a job is cancelled), three per shard.
+# Configurations that train for over a second each (the variant sleeps in each of its 26
+# calls, 20 steps and two evaluations of 3 batches: no speed of this machine's own decides
+# when a job is cancelled), three per shard: the cancel, sent at shard 0's first row, comes
+# at least 2.6 s before its last. Short enough that shard 1 is done about when the two
+# resubmitted jobs start, so that neither waits for a core.
 SLOW = TINY.replace('variants = ["sdpa", "linear", "linformer", "performer"]', """
-variants = {_test_sleeps = [{seconds = 0.10}, {seconds = 0.11}, {seconds = 0.12},
-                            {seconds = 0.13}, {seconds = 0.14}, {seconds = 0.15}]}
+variants = {_test_sleeps = [{seconds = 0.050}, {seconds = 0.055}, {seconds = 0.060},
+                            {seconds = 0.065}, {seconds = 0.070}, {seconds = 0.075}]}
 causal = false""")
 
 
@@ -159,7 +162,8 @@ def _each_once(folder: Path, planned: list[str]) -> None:
 
 @needs_slurm
 @pytest.mark.timeout(240)
-def test_slurm_scancel_while_the_command_waits_is_resubmitted_by_it(tmp_path, monkeypatch):
+def test_slurm_scancel_while_the_command_waits_is_resubmitted_by_it(tmp_path, monkeypatch,
+                                                                    quick_matmul):
     monkeypatch.setenv(EXTRA_ENV, FAKES)  # the jobs inherit it and register the fakes
     monkeypatch.setattr(engine, "SCHEDULER_POLL_S", 1.0)  # a test need not spare squeue
     cfg = tmp_path / "slow.toml"
