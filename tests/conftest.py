@@ -14,6 +14,7 @@ import pytest  # noqa: E402
 
 from harness.measure.worker import EXTRA_ENV  # noqa: E402
 from variants.core import modules, registry  # noqa: E402
+from small_rates import small_matmul  # noqa: E402 (tests/ is on sys.path)
 
 
 @pytest.fixture(autouse=True)
@@ -34,23 +35,6 @@ def _variant_modules_stay_in_their_test():
     for table, saved in zip(tables, kept):
         table.clear()
         table.update(saved)
-
-
-def small_matmul(mp: pytest.MonkeyPatch) -> None:
-    """The runner's matmul rate (harness.measure.store.matmul_gflops) timed on a 256 x 256
-    matmul for 0.01 s instead of a 2048 x 2048 one for 0.2-0.5 s: the same code, a real
-    rate, a hundredth of the time. A run in this process samples the rate at its start,
-    before each later round and at its end, 1-2 s a sample on this machine, more than the
-    tiny matrices of the tests take to measure. For tests that read no rate; jobs and
-    subprocesses the test starts measure theirs as a run does."""
-    from harness.measure import store
-
-    real = store.matmul_gflops
-
-    def small(device, dtype, threads, n=None, min_run_time=0.5):
-        return real(device, dtype, threads, n=256, min_run_time=0.01)
-
-    mp.setattr(store, "matmul_gflops", small)
 
 
 @pytest.fixture

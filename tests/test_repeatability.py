@@ -1,6 +1,6 @@
 """`python -m harness.measure.repeatability`: the `drift` preset's dozen (here a tiny slice
 of it) run twice with one round and once with rounds, through the real runner (its matmul
-rate on a small matmul: tests/conftest.py's small_matmul; nothing here reads the rate)."""
+rate on a small matmul: tests/small_rates.py's small_matmul; nothing here reads the rate)."""
 
 from __future__ import annotations
 

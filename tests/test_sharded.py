@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from conftest import small_matmul
+from small_rates import small_matmul
 from harness.measure import matrix as mx
 from harness.cluster import engine, executors, sharded, shards
 from harness.cluster.shards import MATRIX as files
