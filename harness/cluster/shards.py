@@ -23,8 +23,8 @@ Shard numbers grow across sessions (a resumed run's new jobs get new numbers), s
 ever appends to a file an earlier job may still write. A unit is finished when a complete
 row with its id is in the result file or in any shard file; merging writes the result file
 with every finished unit once, in the order of the matrix (the order a serial run writes),
-and a layout's side file (a training sweep's curves) with each of those units' line from
-the file beside the row that was kept.
+and a training sweep's curves file with each of those units' line from the file beside the
+row that was kept.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.files import RESULT_COLUMNS, RESULTS, ROUNDS, TRAIN_COLUMNS, TRAIN_CSV, write_json
-from harness.files.curves import CURVES_SUFFIX
+from harness.files.curves import curves_path, read_curves
 
 SHARDS = "shards"
 _LOGGED = re.compile(rb"^--- \S+ \w+ ([0-9a-f]{16}) ", re.M)
@@ -50,15 +50,15 @@ _LOGGED = re.compile(rb"^--- \S+ \w+ ([0-9a-f]{16}) ", re.M)
 class Files:
     """One command's files in a run folder: `prefix`-<i>.* per shard, the result file
     (`results`, its `columns`, a row's id in column `key`), the jobs list (`jobs`), where
-    each job lists the ids it holds under `held`. `side`: the suffix of a JSON-lines file
-    beside each result file, a line per unit keyed by `key` (None: no such file)."""
+    each job lists the ids it holds under `held`; with `curves`, each result file has a
+    training curves file beside it (harness.files.curves), merged with it."""
     prefix: str
     results: str
     columns: tuple
     key: str
     jobs: str
     held: str
-    side: str | None = None
+    curves: bool = False
 
     def _shard(self, folder: Path, index: int, suffix: str) -> Path:
         return Path(folder) / SHARDS / f"{self.prefix}-{index}.{suffix}"
@@ -96,11 +96,6 @@ class Files:
                 rows.setdefault(row[self.key], (row, path))
         return rows
 
-    def side_path(self, results_path: Path) -> Path:
-        """The side file beside a result file (train.csv -> train_curves.jsonl)."""
-        path = Path(results_path)
-        return path.with_name(path.name[:-len(path.suffix)] + self.side)
-
     def merge(self, folder: Path, ids: list[str]) -> int:
         """Rewrite the result file with every finished unit once, in the order of `ids`
         (the matrix's; unknown ids last); returns the count. Written to a temporary file
@@ -109,11 +104,11 @@ class Files:
         order = {k: i for i, k in enumerate(ids)}
         keys = sorted(found, key=lambda k: (order.get(k, len(order)), k))
         path = Path(folder) / self.results
-        if self.side is not None:  # first, so that no merged row's line is missing from it
-            lines = {p: _side_lines(self.side_path(p), self.key)
-                     for p in {src for _, src in found.values()}}
+        if self.curves:  # first, so that no merged row's line is missing from it
+            lines = {p: read_curves(curves_path(p)) for p in {src for _, src in found.values()}}
             kept = [lines[found[k][1]][k] for k in keys if k in lines[found[k][1]]]
-            _replace(self.side_path(path), lambda f: f.writelines(kept))
+            _replace(curves_path(path),
+                     lambda f: f.writelines(json.dumps(c) + "\n" for c in kept))
         _replace(path, lambda f: _write_rows(f, self.columns, [found[k][0] for k in keys]))
         return len(keys)
 
@@ -180,7 +175,7 @@ class Files:
 
 MATRIX = Files("shard", RESULTS, tuple(RESULT_COLUMNS), "case_id", "jobs.json", "cases")
 TRAIN = Files("train", TRAIN_CSV, tuple(TRAIN_COLUMNS), "config_id", "train-jobs.json",
-              "configs", CURVES_SUFFIX)
+              "configs", curves=True)
 
 
 def _replace(path: Path, write) -> None:
@@ -198,19 +193,6 @@ def _write_rows(f, columns: tuple, rows: list[dict]) -> None:
     w.writeheader()
     for row in rows:
         w.writerow({c: row.get(c, "") for c in columns})
-
-
-def _side_lines(path: Path, key: str) -> dict[str, str]:
-    """unit id -> its line of a JSON-lines side file (the last of an id written twice, as
-    harness.files.curves reads them); a partial last line is left out."""
-    out: dict[str, str] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines(keepends=True):
-            try:
-                out[json.loads(line)[key]] = line if line.endswith("\n") else line + "\n"
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue
-    return out
 
 
 _cache: dict[Path, tuple[tuple[int, int], object]] = {}
