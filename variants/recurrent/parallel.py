@@ -36,26 +36,30 @@ def whole_channel_gate(q, k, v, g, leaf: int):
     return (channel_scores(q, k, g.cumsum(-2), leaf) @ v) * q.shape[-1] ** -0.5
 
 
-def _delta_out(qk, kk, v, beta):
-    """s qk (I + tril(diag(β) kk, -1))^-1 diag(β) V; qk (B, H, N, N) decayed and zero above
-    the diagonal, kk decayed (its diagonal and upper part are never read: the solve's)."""
-    u = unit_lower_solve(beta[..., :, None] * kk, beta[..., None] * v)
+def _delta_out(qk, a, v, beta):
+    """s qk (I + tril(a, -1))^-1 diag(β) V; qk (B, H, N, N) decayed and zero above the
+    diagonal, a = diag(β) (K K^T ⊙ Γ) (its diagonal and upper part are never read: the
+    solve's)."""
+    u = unit_lower_solve(a, beta[..., None] * v)
     return (qk @ u) * v.shape[-1] ** -0.5
 
 
 def whole_delta(q, k, v, beta, g):
-    """DeltaNet (g None) / Gated DeltaNet (g (B, H, N)); beta (B, H, N)."""
+    """DeltaNet (g None) / Gated DeltaNet (g (B, H, N)); beta (B, H, N). diag(β) K K^T is
+    taken as (β ⊙ K) K^T: β scales N D numbers, not N^2."""
     lower = masks(q.shape[-2], q)[0]
     kt = k.transpose(-1, -2)
-    qk, kk = q @ kt, k @ kt  # two products: a cat of q and k and its split's backward cost more
+    # two products: a cat of q and k and its split's backward cost more
+    qk, a = q @ kt, (beta[..., None] * k) @ kt
     if g is None:
-        return _delta_out(qk * lower, kk, v, beta)
+        return _delta_out(qk * lower, a, v, beta)
     gam = gamma(g.cumsum(-1), lower)  # zero above the diagonal
-    return _delta_out(qk * gam, kk * gam, v, beta)
+    return _delta_out(qk * gam, a * gam, v, beta)
 
 
 def whole_delta_channel(q, k, v, beta, g, leaf: int):
     """Kimi Delta Attention: g (B, H, N, D) per channel, beta (B, H, N). The per-channel
-    scores are zero above the diagonal already."""
-    qk, kk = channel_scores(torch.stack([q, k]), k, g.cumsum(-2), leaf)
-    return _delta_out(qk, kk, v, beta)
+    scores are zero above the diagonal already; the keys' rows are scaled by β before
+    them (the scores are linear in x), so A = diag(β) (K K^T ⊙ Γ) needs no N^2 product."""
+    qk, a = channel_scores(torch.stack([q, beta[..., None] * k]), k, g.cumsum(-2), leaf)
+    return _delta_out(qk, a, v, beta)
