@@ -98,9 +98,18 @@ SETTINGS = [("moba", {"block_size": 16, "top_k": 3}), ("moba", {"block_size": 7,
             ("topk", {"top_k": 24})]
 
 
+@pytest.fixture(params=["routed", "dense"])
+def path(request, monkeypatch):
+    """Both forms of moba and quest at every length: the routed kernel (the dense form's
+    threshold at 0) and the dense masked form (the threshold above every length here)."""
+    from variants.routed import blocks
+    monkeypatch.setattr(blocks, "DENSE_MAX", 0 if request.param == "routed" else 10**6)
+    return request.param
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name,params", SETTINGS)
-def test_matches_the_dense_reference_of_its_rule(name, params, causal):
+def test_matches_the_dense_reference_of_its_rule(name, params, causal, path):
     """Forward and gradients against softmax under the mask the rule gives, float64."""
     m = variants.build(name, **params)
     for N in LENGTHS:
@@ -122,7 +131,7 @@ COVER = [("moba", {"block_size": 16, "top_k": 17}), ("moba", {"block_size": 300,
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name,params", COVER)
-def test_exact_where_the_budget_covers_every_key(name, params, causal):
+def test_exact_where_the_budget_covers_every_key(name, params, causal, path):
     m = variants.build(name, **params)
     for N in LENGTHS:
         assert m.exact_at(N, causal)
@@ -316,7 +325,7 @@ def test_reference_ceilings_are_the_registry_s_and_never_an_answer():
 
 @pytest.mark.parametrize("name", ["moba", "quest"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_models_strided_q_k_v_give_the_contiguous_answer(name, causal):
+def test_a_models_strided_q_k_v_give_the_contiguous_answer(name, causal, path):
     """Inside a model q, k, v are (B, N, H, D) transposed: strided. The default job's drift
     through MiniLM (one window: B = 1) failed on them ("view size is not compatible")."""
     m = variants.build(name)

@@ -8,11 +8,21 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from ..core import Variant, compute_dtype, softmax_scale
 from .decoding import BlockDecoding
 from .routed_rows import routed_block_attention
 from .routing import block_count, selected_keys, top_blocks
+
+# Up to this many tokens the selection is applied as a mask over the dense scores (one
+# SDPA call with a boolean mask): at a recall model's lengths the routed kernel's plan
+# (the scatter, nonzero and gathers of `routed_rows`) costs more than the whole N x N.
+# Measured here, one thread, B = 32, H = 2, D = 32, causal, forward and backward: moba
+# (block 8, top 3) 27.2 ms routed against 5.4 dense at N = 64, 52.0 against 15.6 at 128
+# (sdpa: 3.0, 9.4). Above it, the routed kernel: O(N top_k b D) time, O(N top_k) memory
+# (at N = 256, block 16, dense was still faster, 50.9 against 78.7 ms, but its N^2 grows).
+DENSE_MAX = 128
 
 
 class BlockRouted(BlockDecoding, Variant):
@@ -50,9 +60,16 @@ class BlockRouted(BlockDecoding, Variant):
                               self.params.top_k, causal)
 
     def attend(self, q, k, v, causal):
-        if q.shape[-2] == 0:
+        N = q.shape[-2]
+        if N == 0:
             return q.clone()
-        return routed_block_attention(q, k, v, self.select(q, k, causal), self.block, causal)
+        sel = self.select(q, k, causal)
+        if N <= DENSE_MAX:  # the same softmax over the same keys (see DENSE_MAX)
+            allowed = selected_keys(sel, self.block, N, causal)  # every row holds a key
+            cd = compute_dtype(q.dtype)
+            return F.scaled_dot_product_attention(q.to(cd), k.to(cd), v.to(cd),
+                                                  attn_mask=allowed).to(q.dtype)
+        return routed_block_attention(q, k, v, sel, self.block, causal)
 
     def attention_weights(self, q, k, causal):
         N = q.shape[-2]
@@ -77,12 +94,15 @@ class BlockRouted(BlockDecoding, Variant):
     def flops(self, B, H, N, D, causal=False):
         """4 b D per (query, block) pair read (q k^T and p v, at block granularity: the
         masked part of a partial or own block counted) plus the gate, gate_flops D per
-        (query, block); the block statistics are not matmuls."""
+        (query, block); the block statistics are not matmuls. Up to DENSE_MAX tokens, 4 N^2 D
+        (the dense masked form)."""
         if N == 0:
             return 0
         nb = block_count(N, self.block)
-        return B * H * (4 * self._blocks_read(N, causal) * self.block * D
-                        + self.gate_flops * N * nb * D)
+        gate = self.gate_flops * N * nb * D
+        if N <= DENSE_MAX:  # every score, masked or not (SDPA under a mask skips none)
+            return B * H * (4 * N * N * D + gate)
+        return B * H * (4 * self._blocks_read(N, causal) * self.block * D + gate)
 
     def keys_per_query(self, N: int, causal: bool = False) -> float:
         """Mean keys a query attends to: causal, min(top_k - 1, blocks before its own) b plus
