@@ -62,6 +62,23 @@ def test_chunked_matches_the_sequential_recurrence(name, N):
         assert _rel(a, r) <= 2 * e32 + 1e-6, (label, _rel(a, r), e32)
 
 
+@pytest.mark.parametrize("N", [64, 150])
+@pytest.mark.parametrize("name", ["gla", "kda"])
+def test_the_per_channel_scores_backward_recomputed_or_kept(name, N, monkeypatch):
+    """The per-channel scores' backward either recomputes each level's factors (large
+    chunks) or reads those its forward kept (up to scores.KEEP_MAX): both give the float64
+    recurrence's gradients."""
+    from variants.recurrent import scores
+    m, q, k, v, ins = case(name, N)
+    w = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref = _grads(m.reference, q, k, v, ins, torch.float64, w)
+    run = lambda *a, **i: m(*a, causal=True, **i)  # noqa: E731
+    for keep_max in (0, 1 << 30):
+        monkeypatch.setattr(scores, "KEEP_MAX", keep_max)
+        for label, a, r in zip(_labels(ins), _grads(run, q, k, v, ins, torch.float64, w), ref):
+            assert _rel(a, r) <= 1e-10, (keep_max, label, _rel(a, r))
+
+
 def _sequential(m, q, k, v, **ins):
     """The same sequential recurrence in the inputs' own dtype (the float32 baseline)."""
     from variants.recurrent import recurrence

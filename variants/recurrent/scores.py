@@ -44,7 +44,9 @@ def channel_scores(x: torch.Tensor, k: torch.Tensor, b: torch.Tensor,
         x = torch.cat([x, x.new_zeros(*x.shape[:-2], pad, D)], dim=-2)
         k = torch.cat([k, k.new_zeros(*k.shape[:-2], pad, D)], dim=-2)
         b = torch.cat([b, b[..., -1:, :].expand(*b.shape[:-2], pad, D)], dim=-2)
-    out = _Scores.apply(x, k, b, min(_pow2(max(1, leaf)), P))
+    keep = (b.numel() <= KEEP_MAX and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (x, k, b)))
+    out = _Scores.apply(x, k, b, min(_pow2(max(1, leaf)), P), keep)
     return out[..., :C, :C] if P > C else out
 
 
@@ -82,6 +84,10 @@ def _leaf_decays(b: torch.Tensor, L: int) -> torch.Tensor:
     return (bl - bl.transpose(-2, -3)).masked_fill(~lower[..., None], float("-inf")).exp()
 
 
+# Elements of b up to which the forward keeps every level's factors for the backward
+# (4 MiB of b in float32; a recall model's (32, 2, 64, 32) is 1/8 of it).
+KEEP_MAX = 1 << 20
+
 # Quadrants of at most this many rows are multiplied elementwise: a batched matmul of a few
 # rows runs far below its rate (at h = 2, 2x slower than the broadcast product here).
 SMALL = 2
@@ -111,9 +117,14 @@ class _Scores(torch.autograd.Function):
     and db = x ⊙ dx - k ⊙ dk (each e^{b_t - b_j} moves with b_t and against b_j)."""
 
     @staticmethod
-    def forward(ctx, x, k, b, L):
+    def forward(ctx, x, k, b, L, keep):
         ctx.save_for_backward(x, k, b)
         ctx.L = L
+        # keep (a recall model's chunk under autograd): each level's factors and scaled
+        # rows are kept for the backward, which then takes half its ops; otherwise it
+        # recomputes them (2 log2(P / L) copies of x's size held would be too many at long
+        # N, and a forward without autograd needs none).
+        ctx.kept = [] if keep else None
         P, D = k.shape[-2:]
         out = x.new_zeros(torch.broadcast_shapes(x.shape[:-2], k.shape[:-2]) + (P, P))
         if L == 1:
@@ -125,6 +136,8 @@ class _Scores(torch.autograd.Function):
             eq, ek = _factors(b, m, h)
             qr = _blocks(x, m, D)[..., h:, :] * eq  # the later queries
             kr = _blocks(k, m, D)[..., :h, :] * ek  # the earlier keys
+            if keep:
+                ctx.kept.append((eq, ek, qr, kr))
             if qr.dim() > kr.dim() and h > SMALL:  # stacked: a product per x, not one
                 # against k broadcast (a batched matmul copies the expanded k^T first)
                 for o, r in zip(out.unbind(0), qr.unbind(0)):
@@ -150,11 +163,15 @@ class _Scores(torch.autograd.Function):
             e = _leaf_decays(b, L) * dl
             _blocks(dx, L, D).add_((e * _blocks(k, L, D)[..., None, :, :]).sum(-2))
             _blocks(dk, L, D).add_((e * _blocks(x, L, D)[..., :, None, :]).sum(-3))
+        kept = iter(ctx.kept) if ctx.kept is not None else None
         for m, h in _levels(P, L):
-            eq, ek = _factors(b, m, h)
+            if kept is not None:
+                eq, ek, qr, kr = next(kept)
+            else:
+                eq, ek = _factors(b, m, h)
+                qr = _blocks(x, m, D)[..., h:, :] * eq
+                kr = _blocks(k, m, D)[..., :h, :] * ek
             dq = _blocks(dP, m)[..., h:, :h]  # (..., P/m, h, h)
-            qr = _blocks(x, m, D)[..., h:, :] * eq
-            kr = _blocks(k, m, D)[..., :h, :] * ek
             _blocks(dx, m, D)[..., h:, :].add_(_times(dq, kr) * eq)
             _blocks(dk, m, D)[..., :h, :].add_(_times(dq.transpose(-1, -2), qr) * ek)
         db = x * dx - k * dk
@@ -163,4 +180,4 @@ class _Scores(torch.autograd.Function):
             dk, db = dk.sum(tuple(range(extra))), db.sum(tuple(range(extra)))
         if dx.shape != x.shape:
             dx = dx.sum_to_size(x.shape)
-        return dx, dk, db, None
+        return dx, dk, db, None, None
