@@ -46,11 +46,10 @@ def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
     return x.view(x.shape[0], x.shape[1], x.shape[2] // C, C, *x.shape[3:])
 
 
-def masks(C: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(j <= i, j < i) as (C, C) 0/1 in like's dtype: a product with one ran 8-20x faster
+def lower_mask(C: int, like: torch.Tensor) -> torch.Tensor:
+    """j <= i as a (C, C) 0/1 matrix in like's dtype: a product with it ran 8-20x faster
     here than tril or masked_fill on a recall model's (32, 2, 64, 64), backward too."""
-    ones = torch.ones(C, C, dtype=like.dtype, device=like.device)
-    return ones.tril(), ones.tril(-1)
+    return torch.ones(C, C, dtype=like.dtype, device=like.device).tril()
 
 
 def gamma(b: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
@@ -164,7 +163,7 @@ def chunk_scalar_gate(q, k, v, g, C: int, S=None):
     qc, kc, vc = (_chunks(_pad(t, n), C) for t in (q, k, v))  # (B, H, n/C, C, D)
     b = _chunks(_pad(g, n), C).cumsum(-1)  # (B, H, n/C, C)
     s = D ** -0.5
-    att = (qc @ kc.transpose(-1, -2)) * gamma(b, masks(C, q)[0])  # (B, H, n/C, C, C)
+    att = (qc @ kc.transpose(-1, -2)) * gamma(b, lower_mask(C, q))  # (B, H, n/C, C, C)
     last = b[..., -1:]  # (B, H, n/C, 1)
     U = (kc * (last - b).exp()[..., None]).transpose(-1, -2) @ vc  # (B, H, n/C, D, D)
     S0, S = _scan(last.exp()[..., None], U, S)  # states before each chunk, after the last
@@ -199,7 +198,7 @@ def chunk_delta(q, k, v, beta, g, C: int, S=None):
     qc, kc, vc = (_chunks(_pad(t, n), C) for t in (q, k, v))  # (B, H, nc, C, D)
     bc = _chunks(_pad(beta, n), C)  # (B, H, nc, C)
     s = D ** -0.5
-    lower = masks(C, q)[0]
+    lower = lower_mask(C, q)
     if g is None:
         b = None
         gam = lower

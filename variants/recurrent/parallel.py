@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from .chunked import gamma, masks, unit_lower_solve
+from .chunked import gamma, lower_mask, unit_lower_solve
 from .scores import channel_scores
 
 def whole_scalar_gate(q, k, v, g):
     """Retention / Mamba2: g (B, H, N) log-decays per head."""
-    att = (q @ k.transpose(-1, -2)) * gamma(g.cumsum(-1), masks(q.shape[-2], q)[0])
+    att = (q @ k.transpose(-1, -2)) * gamma(g.cumsum(-1), lower_mask(q.shape[-2], q))
     return (att @ v) * q.shape[-1] ** -0.5
 
 
@@ -47,7 +47,7 @@ def _delta_out(qk, a, v, beta):
 def whole_delta(q, k, v, beta, g):
     """DeltaNet (g None) / Gated DeltaNet (g (B, H, N)); beta (B, H, N). diag(β) K K^T is
     taken as (β ⊙ K) K^T: β scales N D numbers, not N^2."""
-    lower = masks(q.shape[-2], q)[0]
+    lower = lower_mask(q.shape[-2], q)
     kt = k.transpose(-1, -2)
     # two products: a cat of q and k and its split's backward cost more
     qk, a = q @ kt, (beta[..., None] * k) @ kt
