@@ -33,6 +33,7 @@ SETTINGS = {32: (4, 32), 64: (8, 64), 128: (16, 128), 256: (32, 256)}  # N: (pai
 
 
 def step_fn(name: str, params: dict, N: int):
+    """One training step (forward, backward, AdamW) of a fresh recall model at N."""
     pairs, vocab = SETTINGS[N]
     x, y = mqar(32, N, vocab, pairs, seed=0)
     where = y != IGNORE
@@ -49,7 +50,7 @@ def step_fn(name: str, params: dict, N: int):
     return step
 
 
-def ratios(N: int, names: list[str], rounds: int, warmup: int = 3) -> dict[str, float]:
+def medians(N: int, names: list[str], rounds: int, warmup: int = 3) -> dict[str, float]:
     """name -> median step time (s) at N, every model stepped once per round in turn."""
     steps = {n: step_fn(n, VARIANTS[n], N) for n in names}
     for s in steps.values():
@@ -82,14 +83,18 @@ def main(argv=None) -> int:
                  f"N {', '.join(map(str, SETTINGS))})")
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    print("| N | " + " | ".join(names) + " |")
-    print("|---" * (len(names) + 1) + "|")
-    for N in lens:
-        t = ratios(N, names, a.rounds)
-        base = t["sdpa"]
-        print(f"| {N} | " + " | ".join(f"{t[n] * 1e3:.1f} ms ({t[n] / base:.2f}x)"
-                                       for n in names) + " |", flush=True)
+    try:
+        print("| N | " + " | ".join(names) + " |")
+        print("|---" * (len(names) + 1) + "|")
+        for N in lens:
+            t = medians(N, names, a.rounds)
+            base = t["sdpa"]
+            print(f"| {N} | " + " | ".join(f"{t[n] * 1e3:.1f} ms ({t[n] / base:.2f}x)"
+                                           for n in names) + " |", flush=True)
+    finally:
+        torch.set_num_threads(threads)  # a caller's setting (a test process's) comes back
     return 0
 
 

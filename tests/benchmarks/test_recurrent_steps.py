@@ -14,16 +14,13 @@ kernel's forward over gates drawn from several seeds.
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import variants
-from harness.train.model import RecallModel
-from harness.train.tasks import IGNORE, mqar
+from tools.step_ratios import step_fn
 
 STEP_VARIANTS = [("sdpa", {}), ("retention", {}), ("gla", {}), ("mamba2", {}),
                  ("deltanet", {}), ("gated_deltanet", {}), ("kda", {}),
                  ("moba", {"block_size": 8, "top_k": 3}), ("moba", {"block_size": 16, "top_k": 2})]
-SETTINGS = {64: (8, 64), 128: (16, 128)}  # N: (pairs, vocabulary), as train-cpu
 
 
 @pytest.fixture
@@ -34,26 +31,14 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("N", sorted(SETTINGS))
+@pytest.mark.parametrize("N", [64, 128])
 @pytest.mark.parametrize("name,params", STEP_VARIANTS,
                          ids=[f"{n}-{'-'.join(f'{k}{v}' for k, v in p.items())}".rstrip("-")
                               for n, p in STEP_VARIANTS])
 def test_train_step(benchmark, one_thread, name, params, N):
-    pairs, vocab = SETTINGS[N]
-    x, y = mqar(32, N, vocab, pairs, seed=0)
-    where = y != IGNORE
-    torch.manual_seed(0)
-    model = RecallModel(name, params, vocab_size=vocab, d_model=64, layers=2, heads=2,
-                        causal=True, mlp=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    """tools/step_ratios.py's step (train-cpu's shape), one variant after another."""
+    step = step_fn(name, params, N)
     benchmark.group = f"train step N={N}"
-
-    def step():
-        loss = F.cross_entropy(model(x, where), y[where])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
     benchmark.pedantic(step, rounds=20, warmup_rounds=3)
 
 
