@@ -7,6 +7,11 @@ kernel's forward over gates drawn from several seeds.
 - "train step N=64 / N=128": forward, backward and AdamW step of harness.train.model's
   RecallModel at train-cpu's shape (d_model 64, two layers, two heads, batch 32, MQAR with
   8 / 16 pairs), one thread; compare each variant's median with sdpa's in the same run.
+- "routed forms at N=64 / 128": moba (8-token blocks, top 3) forward and backward at the
+  recall model's mixer shape (B 32, H 2, D 32, causal), its dense masked form against the
+  routed kernel (variants/routed/blocks.py's DENSE_MAX), sdpa beside them.
+- "solve backward": the triangular solve's backward solve, a left solve by the transposed
+  view of A against the right-hand solve on A as stored (chunked._UnitLowerSolve).
 - "per-channel forward by seed": kda and gla at B = 1, H = 8, N = 4096, D = 64 over the
   harness's draws from seeds 0..3 (a kernel whose path hung on the decays drawn read
   153-349 ms across seeds here), and gated_deltanet at the same shape.
@@ -55,3 +60,34 @@ def test_per_channel_forward_by_seed(benchmark, name, seed):
     benchmark.group = "per-channel forward by seed"
     with torch.no_grad():
         benchmark(lambda: m(q, k, v, causal=True, **inputs))
+
+
+@pytest.mark.parametrize("N", [64, 128])
+@pytest.mark.parametrize("form", ["sdpa", "moba dense", "moba routed"])
+def test_routed_forms_at_short_n(benchmark, one_thread, monkeypatch, form, N):
+    from variants.routed import blocks
+    if form == "moba routed":
+        monkeypatch.setattr(blocks, "DENSE_MAX", 0)
+    m = variants.build("sdpa") if form == "sdpa" else variants.build("moba", block_size=8,
+                                                                      top_k=3)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(32, 2, N, 32, generator=g, requires_grad=True) for _ in range(3))
+    go = torch.randn(32, 2, N, 32, generator=g)
+    benchmark.group = f"routed forms at N={N}"
+    benchmark(lambda: m.unchecked(q, k, v, True).backward(go))
+
+
+@pytest.mark.parametrize("C,rhs", [(64, 32), (64, 64)], ids=["one-chunk", "chunk form"])
+@pytest.mark.parametrize("form", ["left by A^T view", "right on A"])
+def test_solve_backward(benchmark, one_thread, form, C, rhs):
+    lead = (32, 2) if rhs == 32 else (32, 2, 2)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(*lead, C, C, generator=g).tril(-1) * 0.1
+    dx = torch.randn(*lead, C, rhs, generator=g)
+    solve = torch.linalg.solve_triangular
+    benchmark.group = f"solve backward {lead + (C, C)}, {rhs} right-hand sides"
+    if form == "right on A":
+        benchmark(lambda: solve(a, dx.transpose(-1, -2), upper=False, left=False,
+                                unitriangular=True))
+    else:
+        benchmark(lambda: solve(a.transpose(-1, -2), dx, upper=True, unitriangular=True))

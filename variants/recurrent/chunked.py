@@ -68,8 +68,9 @@ class _UnitLowerSolve(torch.autograd.Function):
 
     The backward's solve is taken as the right-hand solve dR^T (I + A) = dX^T, on `a` as
     it is stored: the same numbers as a left solve by the transposed view of `a`, which
-    took 2.3-2.6x as long here (one thread, (32, 2, 64, 64) with 32 right-hand sides and
-    (32, 2, 2, 64, 64) with 64: 0.99 against 0.38 ms, 4.06 against 1.79)."""
+    took 2.6-2.9x as long here (one thread, (32, 2, 64, 64) with 32 right-hand sides and
+    (32, 2, 2, 64, 64) with 64: 0.96 against 0.36 ms, 3.80 against 1.31;
+    tests/benchmarks/test_recurrent_steps.py, "solve backward")."""
 
     @staticmethod
     def forward(ctx, a, r):

@@ -77,7 +77,7 @@ def top_blocks(gate: Callable[[torch.Tensor], torch.Tensor], q: torch.Tensor, nb
 
 def selected_keys(sel: torch.Tensor, b: int, N: int, causal: bool) -> torch.Tensor:
     """The dense bool (B, H, N, N) mask of a block selection (and j <= i when causal):
-    for `weights` and small checks only."""
+    for `weights`, small checks, and the dense form of short sequences (blocks.DENSE_MAX)."""
     B, H, _, kk = sel.shape
     nb = block_count(N, b)
     blocks = torch.zeros(B, H, N, nb + 1, dtype=torch.bool, device=sel.device)
