@@ -288,6 +288,31 @@ def test_a_clear_leader_is_kept_and_early_stop_ends_the_race():
     assert list(ran) == [1e-3]  # the first reached early_stop: the second never ran
 
 
+def test_the_row_is_a_finished_run_and_a_cut_rate_far_ahead_is_run_out():
+    """Planted bug it catches: combine() ranking a run the race cut (paused at its tie,
+    never settled) above the winner's finished one, and seed 1 then training at it; and a
+    cut rate that reads more than the margin above every finished run left unrun."""
+    flat = lambda a, loss: (lambda s: a, lambda s: loss)  # noqa: E731
+    # two rates tied at the first cut (within 0.02): the lower loss goes on and settles
+    # flat at 0.50; the cut one read 0.51. The row is the finished run.
+    out, ran, _ = _race({1e-3: flat(0.50, 1.0), 3e-3: flat(0.51, 2.0)}, (1e-3, 3e-3))
+    assert ran == {1e-3: 800, 3e-3: 100}
+    row = runner.combine(_config(lrs=(1e-3, 3e-3)), [(lr, r, 1.0) for lr, r in out.items()])
+    assert row["best_lr"] == 1e-3 and row["accuracy"] == 0.50
+    assert "raced: lr=0.003 at step 100 cut" in row["reason"]
+    # four rates: B (0.534) is cut at the first tie by its loss, C at the second; the
+    # winner A stays at 0.50, more than 0.02 under B, so B is run to its end (0.9), C not
+    rising = (lambda s: 0.534 if s <= 100 else min(0.9, 0.534 + (s - 100) / 500),
+              lambda s: 2.0)
+    curves = {1e-3: flat(0.50, 1.0), 3e-3: rising, 1e-2: flat(0.515, 1.5),
+              3.2e-4: flat(0.1, 3.0)}
+    lrs = (1e-3, 3e-3, 1e-2, 3.2e-4)
+    out, ran, full_pick = _race(curves, lrs)
+    assert ran == {1e-3: 800, 3e-3: 800, 1e-2: 200, 3.2e-4: 100}
+    row = runner.combine(_config(lrs=lrs), [(lr, r, 1.0) for lr, r in out.items()])
+    assert row["best_lr"] == full_pick == 3e-3 and row["accuracy"] == pytest.approx(0.9)
+
+
 # -- the estimate --------------------------------------------------------------------------
 
 def test_the_plan_counts_the_race_and_the_later_seeds():

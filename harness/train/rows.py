@@ -109,8 +109,9 @@ def skip_reasons(config: TrainConfig, module) -> list[str]:
 
 def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
     """One row's outcome from a cell's runs at this seed [(lr, last result, wall seconds
-    of all its segments), ...] in the order first run: the best accuracy (of equals, the
-    run that went furthest, then the first)."""
+    of all its segments), ...] in the order first run: the best accuracy of the runs that
+    finished (of equals, the run that went furthest, then the first); a run the race cut
+    only where none finished."""
     ok = [(lr, r) for lr, r, _ in runs if r["status"] == "ok"]
     notes = [f"lr={lr:g}: {r['status']}: {r['reason']}" for lr, r, _ in runs
              if r["status"] != "ok"]
@@ -149,6 +150,9 @@ def curves(runs: list[tuple[float, dict, float]]) -> list[dict]:
 
 
 def _rank(pair: tuple[float, dict]) -> tuple:
-    """Best accuracy first; of equal accuracies the run that went furthest; max() keeps
-    the first of full ties."""
-    return pair[1]["accuracy"], pair[1].get("steps_run") or 0
+    """A finished run before one the race cut (the race ran to its end any cut run that
+    read more than its margin above the finished ones: what is left is within it, and a
+    cut run's number is not a settled one), then the best accuracy, then the run that went
+    furthest; max() keeps the first of full ties."""
+    r = pair[1]
+    return r.get("stopped", "end") is not None, r["accuracy"], r.get("steps_run") or 0
