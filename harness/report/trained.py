@@ -256,8 +256,8 @@ def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list
               "associative recall: key-value pairs, then each key queried once; Zoology, "
               "Arora et al. 2023): token embedding, a short causal convolution and the variant as the "
               "sequence mixer in each layer, a tied output head. accuracy is the share of "
-              "held-out queries answered right, the best over the learning rates tried; "
-              "chance is what a model that reads nothing scores. Non-causal settings call "
+              "held-out queries answered right, the best over the learning rates whose "
+              "runs finished; chance is what a model that reads nothing scores. Non-causal settings call "
               "the variant with causal=False: no answer is in the input after its query, so "
               "non-causal-only variants (Linformer, Nyström) are ranked there."),
         *frontier.frontier_blocks(tr, pdir),
