@@ -39,7 +39,7 @@ def test_hybrid_cpu_trains_each_mixer_at_each_ratio_on_both_settings():
     assert {c.layers for c in configs} == {4} and {c.d_model for c in configs} == {64}
     assert {len(c.seeds) for c in configs} == {2} and {len(c.lrs) for c in configs} == {4}
     # the protocol of the trained reference; the cap is each preset's budget (four layers
-    # at 1,000 steps fill hybrid-cpu's 90 minutes, one layer at 2,000 train-cpu's)
+    # at 1,000 steps fill hybrid-cpu's 90 minutes, one layer at 3,000 train-cpu's)
     _, cpu = tm.load("train-cpu")
     assert {c.max_steps for c in configs} == {1000}
     fields = ("batch", "race_steps", "settle_window", "settle_margin",
