@@ -257,8 +257,9 @@ def section_blocks(tr: pd.DataFrame, timed: pd.DataFrame, run_dir: Path) -> list
               "Arora et al. 2023): token embedding, a short causal convolution and the variant as the "
               "sequence mixer in each layer, a tied output head. accuracy is the share of "
               "held-out queries answered right, the best over the learning rates whose "
-              "runs finished; chance is what a model that reads nothing scores. Non-causal settings call "
-              "the variant with causal=False: no answer is in the input after its query, so "
+              "runs finished; chance is what a model that reads nothing scores. Non-causal "
+              "settings call the variant with causal=False: no answer is in the input after "
+              "its query, so "
               "non-causal-only variants (Linformer, Nyström) are ranked there."),
         *frontier.frontier_blocks(tr, pdir),
         *frontier.task_blocks(tr),

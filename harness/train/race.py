@@ -8,13 +8,14 @@ left runs to its end (early_stop, settled, or max_steps). Rates tied at the cut 
 `margin`, the settling rule's, of the last one kept) are ranked by their held-out loss
 (their training loss where a result has none): on MQAR's plateau every rate sits at the
 same held-out accuracy while the loss already tells the run about to rise, and a coin
-flip (or the order of the sweep) would not. A run that reaches `early_stop` ends the race (as the sweep stopped at the first
-rate that did). A run that stops on its own (settled, nonfinite) keeps its place with
-what it reached. A cut rate that reads more than `margin` above every run that finished
-(the winner settled low, the cut one was ahead at its tie) is run to its end as well, so
-the row's rate is always one whose run finished. Runs are continued, not restarted: `advance(lr, until)` trains a rate's
-run to step `until` and returns its result so far (harness.train.trainer.Run.result, or
-a failure's status).
+flip (or the order of the sweep) would not. A run that reaches `early_stop` ends the
+race (as the sweep stopped at the first rate that did). A run that stops on its own
+(settled, nonfinite) keeps its place with what it reached. A cut rate that reads more
+than `margin` above every run that finished (the winner settled low, the cut one was
+ahead at its tie) is run to its end as well, so the row's rate is always one whose run
+finished. Runs are continued, not restarted: `advance(lr, until)` trains a rate's run to
+step `until` and returns its result so far (harness.train.trainer.Run.result, or a
+failure's status).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def race(lrs, advance: Callable[[float, int], dict], *, first: int, cap: int,
     # by held-out loss) can read more than the winner settled at: one cut that reads more
     # than `margin` above every finished run is run to its end too, until none does.
     while True:
-        done = [r["accuracy"] for r in results.values() if r["status"] == "ok" and _finished(r)]
-        cut = [lr for lr, r in results.items() if r["status"] == "ok" and not _finished(r)]
+        ok = {lr: r for lr, r in results.items() if r["status"] == "ok"}
+        done = [r["accuracy"] for r in ok.values() if _finished(r)]
+        cut = [lr for lr, r in ok.items() if not _finished(r)]
         if not cut:
             break
         lr = max(cut, key=lambda lr: results[lr]["accuracy"])
