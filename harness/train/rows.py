@@ -123,8 +123,8 @@ def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
                      f"early_stop={config.early_stop:g}")
     elif untried and config.first_seed:
         notes.append(f"lr={', '.join(untried)} not run")
-    cut = [f"{lr:g} at step {r['steps_run']}" for lr, r in ok  # paused by the race
-           if "stopped" in r and r["stopped"] is None and r is not max(ok, key=_rank)[1]]
+    cut = [f"{lr:g} at step {r['steps_run']}" for lr, r in ok
+           if _cut(r) and r is not max(ok, key=_rank)[1]]
     if cut:
         notes.append(f"raced: lr={', '.join(cut)} cut")
     out = {"train_s": sum(w for _, _, w in runs), "curves": curves(runs),
@@ -155,4 +155,10 @@ def _rank(pair: tuple[float, dict]) -> tuple:
     cut run's number is not a settled one), then the best accuracy, then the run that went
     furthest; max() keeps the first of full ties."""
     r = pair[1]
-    return r.get("stopped", "end") is not None, r["accuracy"], r.get("steps_run") or 0
+    return not _cut(r), r["accuracy"], r.get("steps_run") or 0
+
+
+def _cut(result: dict) -> bool:
+    """A run the race paused and did not go on with (`stopped` None; a result without the
+    key is a finished one)."""
+    return "stopped" in result and result["stopped"] is None
