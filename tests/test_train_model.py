@@ -183,6 +183,21 @@ def test_the_mamba2_layer_writes_v_scaled_by_its_dt():
     torch.testing.assert_close(args[2], v)
 
 
+def test_the_mixer_gets_the_projections_thirds_split_into_heads_and_contiguous():
+    """q, k, v are the first, second and last third of W_qkv x, channel c of a third in
+    head c // (d / H) at position c % (d / H), each (B, H, N, d / H) and contiguous: the
+    recurrences' products ran slower on the strided views of the projection (a copy
+    before each bmm, forward and backward). Planted: a permute that takes heads for the
+    three thirds, or the views without the copy, fail."""
+    d, H, N = 32, 2, 12
+    block, args, _, _, x = _mixer_call("deltanet", d_model=d, heads=H, N=N)
+    W = block.qkv.weight  # (3 d, d)
+    for i, t in enumerate(args[:3]):
+        assert t.is_contiguous(), ("q", "k", "v")[i]
+        want = (x @ W[i * d:(i + 1) * d].T).view(2, N, H, d // H).transpose(1, 2)
+        torch.testing.assert_close(t, want)
+
+
 def _gate_layer(name, d_model=256, heads=64, seed=0):
     torch.manual_seed(seed)
     model = RecallModel(name, {}, vocab_size=40, d_model=d_model, layers=1, heads=heads,

@@ -177,9 +177,11 @@ class Block(nn.Module):
         B, N, d = h.shape
         h = h + self.conv(h)  # no norm before it: measured here, a norm delayed learning
         x = self.norm_attn(h)
-        q, k, v = self.qkv(x).split(d, dim=-1)  # each (B, N, d)
-        q, k, v = (t.view(B, N, self.heads, d // self.heads).transpose(1, 2)
-                   for t in (q, k, v))  # each (B, H, N, d / H)
+        q, k, v = self.qkv(x).view(B, N, 3, self.heads, d // self.heads).permute(
+            2, 0, 3, 1, 4).contiguous().unbind(0)  # each (B, H, N, d / H), contiguous:
+        # one copy of all three, where strided views cost a copy before each of a
+        # recurrence's products, forward and backward (tools/step_ratios.py: every
+        # variant's step faster, the recurrences' most; sdpa's too)
         extra = {}
         for name, layer in self.inputs.items():  # gates, if any
             extra[name], scale = layer(x)
