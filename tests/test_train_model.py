@@ -194,7 +194,7 @@ def test_the_mixer_gets_the_projections_thirds_split_into_heads_and_contiguous()
     W = block.qkv.weight  # (3 d, d)
     for i, t in enumerate(args[:3]):
         assert t.is_contiguous(), ("q", "k", "v")[i]
-        want = (x @ W[i * d:(i + 1) * d].T).view(2, N, H, d // H).transpose(1, 2)
+        want = (x @ W[i * d:(i + 1) * d].T).view(x.shape[0], N, H, d // H).transpose(1, 2)
         torch.testing.assert_close(t, want)
 
 

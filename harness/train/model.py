@@ -180,8 +180,8 @@ class Block(nn.Module):
         q, k, v = self.qkv(x).view(B, N, 3, self.heads, d // self.heads).permute(
             2, 0, 3, 1, 4).contiguous().unbind(0)  # each (B, H, N, d / H), contiguous:
         # one copy of all three, where strided views cost a copy before each of a
-        # recurrence's products, forward and backward (tools/step_ratios.py: every
-        # variant's step faster, the recurrences' most; sdpa's too)
+        # recurrence's products, forward and backward (tools/step_ratios.py: the
+        # recurrences' steps faster; sdpa's the same within the machine's noise)
         extra = {}
         for name, layer in self.inputs.items():  # gates, if any
             extra[name], scale = layer(x)
