@@ -15,7 +15,6 @@ import pytest  # noqa: E402
 from harness.measure.worker import EXTRA_ENV  # noqa: E402
 from variants.core import modules, registry  # noqa: E402
 from small_rates import small_matmul  # noqa: E402 (tests/ is on sys.path)
-from harness.measure.store import matmul_gflops as _FULL_MATMUL  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -43,19 +42,11 @@ def _small_matmul_rate():
     """Every run in this process times its matmul rate small (small_matmul): a run samples
     the rate at its start, before each later round and at its end, about a second a sample
     at full size, and the suite's in-process runs read the rate only as a number in their
-    meta and report. Session-scoped, so module-scoped runs (fixtures) get it too; a test
-    that needs the full-size rate takes `full_matmul`."""
+    meta and report. Session-scoped, so module-scoped runs (fixtures) get it too.
+    Subprocesses and jobs the tests start measure theirs at full size, as a run does."""
     with pytest.MonkeyPatch.context() as mp:
         small_matmul(mp)
         yield
-
-
-@pytest.fixture
-def full_matmul(monkeypatch):
-    """The runner's matmul rate at full size (n = 2048 in float32) for one test."""
-    from harness.measure import store
-
-    monkeypatch.setattr(store, "matmul_gflops", _FULL_MATMUL)
 
 
 @pytest.fixture
