@@ -391,3 +391,35 @@ def test_the_protocol_presets_plan_within_90_minutes_on_two_workers(preset):
     # the caps: several times the 400-500 steps the reference runs stopped at
     assert min(c.max_steps * c.batch for c in configs) >= 30_000
     assert all(2 * c.settle_window <= c.max_steps for c in configs)
+
+
+# -- denormals -----------------------------------------------------------------------------
+
+def _flushes() -> bool:
+    """Whether this thread flushes denormals now: 1e-300 * 1e-23 is a float64 denormal."""
+    return (torch.tensor([1e-300], dtype=torch.float64) * 1e-23).item() == 0.0
+
+
+def test_training_steps_flush_denormals_and_the_default_comes_back(monkeypatch):
+    """Planted: the trainer's loop outside `flushed_denormals` (the steps see denormals),
+    or a mode left on after the run (the caller's arithmetic changes)."""
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU has no flush-to-zero mode (torch.set_flush_denormal: False)")
+    seen, step = [], trainer.Run._one_step
+    monkeypatch.setattr(trainer.Run, "_one_step", lambda self: (seen.append(_flushes()),
+                                                                step(self))[1])
+    assert not _flushes()
+    trainer.Run(_config(max_steps=3, eval_every=3), 1e-3).advance(3)
+    assert seen == [True] * 3 and not _flushes()
+
+
+def test_the_step_timer_steps_as_the_trainer_does(monkeypatch):
+    """tools/step_ratios times the trainer's step: denormals flushed there too."""
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU has no flush-to-zero mode (torch.set_flush_denormal: False)")
+    from tools import step_ratios
+    seen, loss = [], step_ratios.F.cross_entropy
+    monkeypatch.setattr(step_ratios.F, "cross_entropy",
+                        lambda *a, **k: (seen.append(_flushes()), loss(*a, **k))[1])
+    step_ratios.step_fn("sdpa", {}, 32)()
+    assert seen == [True] and not _flushes()

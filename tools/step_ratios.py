@@ -26,6 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from harness.train.model import RecallModel  # noqa: E402
 from harness.train.tasks import IGNORE, mqar  # noqa: E402
+from harness.train.trainer import flushed_denormals  # noqa: E402
 
 VARIANTS = {"sdpa": {}, "retention": {}, "gla": {}, "mamba2": {}, "deltanet": {},
             "gated_deltanet": {}, "kda": {}, "moba": {"block_size": 8, "top_k": 3}}
@@ -43,10 +44,11 @@ def step_fn(name: str, params: dict, N: int):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step():
-        loss = F.cross_entropy(model(x, where), y[where])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        with flushed_denormals():  # as the trainer steps
+            loss = F.cross_entropy(model(x, where), y[where])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
     return step
 
 

@@ -18,6 +18,7 @@ the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -35,6 +36,26 @@ EVAL_BATCH = 256
 # 500 held-out examples of 8 queries near 0.5 (0.008; 0.006 with 16 queries).
 RISE_MARGIN = 0.01
 _DATA: dict[tuple, tuple] = {}  # one worker trains every rate of a configuration on one set
+
+
+@contextlib.contextmanager
+def flushed_denormals():
+    """Training with denormal floats flushed to zero (x86's FTZ/DAZ, `torch.set_flush_denormal`)
+    on the calling thread, PyTorch's default (off) restored after; torch cannot read the
+    mode, so a caller that had set it finds it off.
+
+    A decay's factors exp(b_i - b_j) below 1.2e-38 are denormals in float32, and x86 takes
+    a slow path for each operation on one: measured here (tools/step_ratios.py, one
+    thread), Mamba2's training step at N = 128 went from 1.56-1.58x sdpa's to 1.32-1.39x
+    with them flushed, the other mixers the same within the noise. The values lost are
+    below float32's smallest normal number, beside a chunk's diagonal terms of order one.
+    One thread's mode only: with more threads the intra-op pool keeps its own (train-cpu's
+    workers train on one thread each)."""
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def datasets(config: TrainConfig) -> tuple[tuple[torch.Tensor, torch.Tensor],
@@ -184,13 +205,14 @@ class Run:
         torch.set_rng_state(self.rng)  # this run's random state, whatever ran between
         start = time.perf_counter() - self.seconds
         try:
-            while not self.done and self.step < until:
-                self._one_step()
-                if self.done:
-                    break
-                step = self.step
-                if step % c.eval_every == 0 or step == c.max_steps:
-                    self._evaluate(time.perf_counter() - start)
+            with flushed_denormals():
+                while not self.done and self.step < until:
+                    self._one_step()
+                    if self.done:
+                        break
+                    step = self.step
+                    if step % c.eval_every == 0 or step == c.max_steps:
+                        self._evaluate(time.perf_counter() - start)
         finally:
             self.seconds = time.perf_counter() - start
             self.rng = torch.get_rng_state()
