@@ -52,13 +52,40 @@ def lower_mask(C: int, like: torch.Tensor) -> torch.Tensor:
     return torch.ones(C, C, dtype=like.dtype, device=like.device).tril()
 
 
+# exp's floor for a log-decay: exp takes a slow path for a result below the smallest normal
+# number (x < -87.3 in float32): measured here on 2^18 floats, one thread, 0.3-0.4 ns an
+# element at -86, 50-65 ns at -87.5 to -88, 20-25 ns at -100 and at -inf. exp(-80) is
+# 1.8e-35, beside a chunk's diagonal terms of order one.
+EXP_FLOOR = -80.0
+
+
+class _Gamma(torch.autograd.Function):
+    """exp(b_i - b_j) where lower[i, j] (a 0/1 mask), else 0; b (..., C) non-increasing
+    (g <= 0). The exponent is clamped into [EXP_FLOOR, 0] before exp, in place: above the
+    diagonal (b_i - b_j >= 0) nothing overflows before the mask, and no entry takes exp's
+    slow path below float32's normal range, where an additive -inf mask put half the matrix
+    (1.0-1.2 ms against 0.17-0.19 for a (32, 2, 64, 64) forward, one thread). Backward from
+    the saved result: dx = dΓ ⊙ Γ, db_i = Σ_j dx_ij - Σ_j dx_ji (an entry at the floor gets
+    exp(EXP_FLOOR) for exp's derivative, which is below 1.8e-35 there)."""
+
+    @staticmethod
+    def forward(ctx, b, lower):
+        e = (b[..., :, None] - b[..., None, :]).clamp_(EXP_FLOOR, 0).exp_().mul_(lower)
+        ctx.save_for_backward(e)
+        return e
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, de):
+        (e,) = ctx.saved_tensors
+        dx = de * e
+        return dx.sum(-1) - dx.sum(-2), None
+
+
 def gamma(b: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
-    """exp(b_i - b_j) where lower[i, j] (a 0/1 mask), else 0; b (..., C). Above the
-    diagonal b_i - b_j >= 0 (g <= 0) gets -inf added before exp, so nothing overflows and
-    its gradient there is exp's own 0: three ops on (..., C, C), forward and backward,
-    where a clamp, the exp and a mask product were four."""
-    off = torch.zeros_like(lower).masked_fill_(lower == 0, float("-inf"))  # (C, C)
-    return (b[..., :, None] - b[..., None, :] + off).exp()
+    """exp(b_i - b_j) where lower[i, j] (a 0/1 mask in b's dtype), else 0; b (..., C): the
+    decay between every pair of a chunk's positions, -> (..., C, C). See `_Gamma`."""
+    return _Gamma.apply(b, lower)
 
 
 class _UnitLowerSolve(torch.autograd.Function):

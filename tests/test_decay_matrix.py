@@ -1,0 +1,37 @@
+"""The decay matrix Γ_ij = exp(b_i - b_j) (j <= i, else 0) of the scalar-gate and delta-rule
+chunk forms (variants/recurrent/chunked.gamma), against float64 on the same b."""
+
+import pytest
+import torch
+
+from variants.recurrent.chunked import EXP_FLOOR, gamma, lower_mask
+
+
+@pytest.mark.parametrize("C", [1, 7, 64])
+def test_the_decay_matrix_is_exact_below_zero_above_and_finite_for_any_decay(C):
+    """Steps of 0 to 50 nats: far pairs decay below float32's normal range (they keep
+    exp(EXP_FLOOR) at most) and the differences above the diagonal reach thousands of nats
+    (e^+3000 would overflow before a mask). Planted and seen failing: the clamp's upper
+    bound dropped (inf * 0 above the diagonal: NaN), the mask product dropped (ones above),
+    a floor of -20 (pairs of e^-20 to e^-80 read 2e-9), the backward's two sums swapped."""
+    gen = torch.Generator().manual_seed(0)
+    g = -50 * torch.rand(3, 2, C, generator=gen, dtype=torch.float64)
+    g[0] = -0.05 * torch.rand(2, C, generator=gen, dtype=torch.float64)  # a mild decay too
+    b = g.cumsum(-1).float().requires_grad_()
+    got = gamma(b, lower_mask(C, b))
+    w = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+    (got.double() * w).sum().backward()
+
+    b64 = b.detach().double().requires_grad_()
+    upper = torch.ones(C, C, dtype=torch.bool).triu(1)
+    x = (b64[..., :, None] - b64[..., None, :]).masked_fill(upper, float("-inf"))
+    ref = x.exp()
+    (ref * w).sum().backward()
+
+    assert torch.isfinite(got).all() and (got[..., upper] == 0).all()
+    # float32's b_i - b_j rounds by up to 6e-8 |x| (b reaches -1,600): exp's relative error
+    floor = torch.exp(torch.tensor(EXP_FLOOR, dtype=torch.float64))
+    rel = 1e-6 + 1.2e-7 * x.detach().abs().nan_to_num(posinf=0.0)
+    assert ((got.double() - ref).abs() <= rel * ref + floor).all()
+    assert ref[..., ~upper].min() < floor or C == 1  # far pairs below the floor were there
+    assert torch.allclose(b.grad.double(), b64.grad, rtol=1e-5, atol=1e-6 * b64.grad.abs().max())
