@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .scores import channel_scores
+from .scores import EXP_FLOOR, channel_scores
 
 def _pad(x: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:
     """x zero-padded along `dim` to length n: padded tokens come after every real one, so
@@ -50,13 +50,6 @@ def lower_mask(C: int, like: torch.Tensor) -> torch.Tensor:
     """j <= i as a (C, C) 0/1 matrix in like's dtype: a product with it ran 8-20x faster
     here than tril or masked_fill on a recall model's (32, 2, 64, 64), backward too."""
     return torch.ones(C, C, dtype=like.dtype, device=like.device).tril()
-
-
-# exp's floor for a log-decay: exp takes a slow path for a result below the smallest normal
-# number (x < -87.3 in float32): measured here on 2^18 floats, one thread, 0.3-0.4 ns an
-# element at -86, 50-65 ns at -87.5 to -88, 20-25 ns at -100 and at -inf. exp(-80) is
-# 1.8e-35, beside a chunk's diagonal terms of order one.
-EXP_FLOOR = -80.0
 
 
 class _Gamma(torch.autograd.Function):
