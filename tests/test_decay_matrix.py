@@ -1,41 +1,51 @@
-"""The decay matrix Γ_ij = exp(b_i - b_j) (j <= i, else 0) of the scalar-gate and delta-rule
-chunk forms (variants/recurrent/chunked.gamma), against float64 on the same b."""
+"""The decays within a chunk against float64 on the same b: Γ_ij = exp(b_i - b_j) (j <= i,
+else 0) times a matrix, of the scalar-gate and delta-rule forms (variants/recurrent/chunked
+.decayed), and the per-channel scores of gla and kda (variants/recurrent/scores.py)."""
+
+import math
 
 import pytest
 import torch
 
-from variants.recurrent.chunked import gamma, lower_mask
-from variants.recurrent.scores import EXP_FLOOR, channel_scores
+from variants.recurrent.chunked import decayed, lower_mask
+from variants.recurrent.scores import channel_scores
 
 
 @pytest.mark.parametrize("C", [1, 7, 64])
-def test_the_decay_matrix_is_exact_below_zero_above_and_finite_for_any_decay(C):
-    """Steps of 0 to 50 nats: far pairs decay below float32's normal range (they keep
-    exp(EXP_FLOOR) at most) and the differences above the diagonal reach thousands of nats
-    (e^+3000 would overflow before a mask). Planted and seen failing: the clamp's upper
-    bound dropped (inf * 0 above the diagonal: NaN), the mask product dropped (ones above),
-    a floor of -20 (pairs of e^-20 to e^-80 read 2e-9), the backward's two sums swapped."""
+def test_the_decayed_products_are_exact_below_zero_above_and_finite_for_any_decay(C):
+    """m ⊙ Γ for two matrices at once (the delta rule's Q K^T and K K^T), values and the
+    gradients of both and of b. Steps of 0 to 50 nats: far pairs decay below float32's
+    normal range (Γ keeps exp(EXP_FLOOR) at most) and the differences above the diagonal
+    reach thousands of nats (e^+3000 would overflow before a mask). Planted and seen
+    failing: the clamp's upper bound dropped (inf * 0 above the diagonal: NaN), the mask
+    product dropped, a floor of -20 (pairs of e^-20 to e^-80 read 2e-9), the backward's
+    two sums swapped, db from the first product only."""
     gen = torch.Generator().manual_seed(0)
     g = -50 * torch.rand(3, 2, C, generator=gen, dtype=torch.float64)
     g[0] = -0.05 * torch.rand(2, C, generator=gen, dtype=torch.float64)  # a mild decay too
-    b = g.cumsum(-1).float().requires_grad_()
-    got = gamma(b, lower_mask(C, b))
-    w = torch.randn(got.shape, generator=gen, dtype=torch.float64)
-    (got.double() * w).sum().backward()
+    mats = [torch.randn(3, 2, C, C, generator=gen, dtype=torch.float64) for _ in range(2)]
+    ins = [g.cumsum(-1).float().requires_grad_()] + [m.float().requires_grad_() for m in mats]
+    got = decayed(ins[0], lower_mask(C, ins[0]), *ins[1:])
+    w = [torch.randn(3, 2, C, C, generator=gen, dtype=torch.float64) for _ in range(2)]
+    sum((o.double() * wi).sum() for o, wi in zip(got, w)).backward()
 
-    b64 = b.detach().double().requires_grad_()
+    ref_ins = [t.detach().double().requires_grad_() for t in ins]
+    b64 = ref_ins[0]
     upper = torch.ones(C, C, dtype=torch.bool).triu(1)
     x = (b64[..., :, None] - b64[..., None, :]).masked_fill(upper, float("-inf"))
-    ref = x.exp()
-    (ref * w).sum().backward()
+    ref = [m * x.exp() for m in ref_ins[1:]]
+    sum((r * wi).sum() for r, wi in zip(ref, w)).backward()
 
-    assert torch.isfinite(got).all() and (got[..., upper] == 0).all()
     # float32's b_i - b_j rounds by up to 6e-8 |x| (b reaches -1,600): exp's relative error
-    floor = torch.exp(torch.tensor(EXP_FLOOR, dtype=torch.float64))
+    floor = math.exp(-80)  # at most this much is kept of a decay below it (not the module's
+    # EXP_FLOOR: a higher floor planted there would raise the test's tolerance with it)
     rel = 1e-6 + 1.2e-7 * x.detach().abs().nan_to_num(posinf=0.0)
-    assert ((got.double() - ref).abs() <= rel * ref + floor).all()
-    assert ref[..., ~upper].min() < floor or C == 1  # far pairs below the floor were there
-    assert torch.allclose(b.grad.double(), b64.grad, rtol=1e-5, atol=1e-6 * b64.grad.abs().max())
+    for o, r, m in zip(got, ref, ref_ins[1:]):
+        assert torch.isfinite(o).all() and (o[..., upper] == 0).all()
+        assert ((o.double() - r).abs() <= rel * r.abs() + 2 * floor * m.abs().detach()).all()
+    assert x[..., ~upper].min() < -80 or C == 1  # far pairs below the floor were there
+    for a, r in zip(ins, ref_ins):
+        assert torch.allclose(a.grad.double(), r.grad, rtol=1e-5, atol=1e-6 * r.grad.abs().max())
 
 
 @pytest.mark.parametrize("leaf", [1, 2, 4, 8])

@@ -52,33 +52,43 @@ def lower_mask(C: int, like: torch.Tensor) -> torch.Tensor:
     return torch.ones(C, C, dtype=like.dtype, device=like.device).tril()
 
 
-class _Gamma(torch.autograd.Function):
-    """exp(b_i - b_j) where lower[i, j] (a 0/1 mask), else 0; b (..., C) non-increasing
-    (g <= 0). The exponent is clamped into [EXP_FLOOR, 0] before exp, in place: above the
-    diagonal (b_i - b_j >= 0) nothing overflows before the mask, and no entry takes exp's
-    slow path below float32's normal range, where an additive -inf mask put half the matrix
-    (0.8-1.2 ms against 0.17-0.19 for a (32, 2, 64, 64) forward, one thread). Backward from
-    the saved result: dx = dΓ ⊙ Γ, db_i = Σ_j dx_ij - Σ_j dx_ji (an entry at the floor gets
+class _Decayed(torch.autograd.Function):
+    """m ⊙ Γ for each m given, with Γ_ij = exp(b_i - b_j) where lower[i, j] (a 0/1 mask),
+    else 0; b (..., C) non-increasing (g <= 0). The exponent is clamped into [EXP_FLOOR, 0]
+    before exp, in place: above the diagonal (b_i - b_j >= 0) nothing overflows before
+    the mask, and no entry takes exp's slow path below float32's normal range, where an
+    additive -inf mask put half the matrix (0.8-1.2 ms against 0.17-0.19 for Γ alone at
+    (32, 2, 64, 64), one thread). Backward from the saved Γ and products: dm = d ⊙ Γ, and
+    with dx = Σ d ⊙ (m ⊙ Γ), db_i = Σ_j dx_ij - Σ_j dx_ji: four C x C operations for the
+    delta rule's two products where autograd took seven (an entry at the floor gets
     exp(EXP_FLOOR) for exp's derivative, which is below 1.8e-35 there)."""
 
     @staticmethod
-    def forward(ctx, b, lower):
+    def forward(ctx, b, lower, *mats):
         e = (b[..., :, None] - b[..., None, :]).clamp_(EXP_FLOOR, 0).exp_().mul_(lower)
-        ctx.save_for_backward(e)
-        return e
+        outs = tuple(m * e for m in mats)
+        ctx.save_for_backward(e, *outs)
+        return outs
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, de):
-        (e,) = ctx.saved_tensors
-        dx = de * e
-        return dx.sum(-1) - dx.sum(-2), None
+    def backward(ctx, *douts):
+        e, *outs = ctx.saved_tensors
+        dmats = [d * e if need else None for d, need in zip(douts, ctx.needs_input_grad[2:])]
+        db = None
+        if ctx.needs_input_grad[0]:
+            dx = douts[0] * outs[0]
+            for d, o in zip(douts[1:], outs[1:]):
+                dx.addcmul_(d, o)
+            db = dx.sum(-1) - dx.sum(-2)
+        return (db, None, *dmats)
 
 
-def gamma(b: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
-    """exp(b_i - b_j) where lower[i, j] (a 0/1 mask in b's dtype), else 0; b (..., C): the
-    decay between every pair of a chunk's positions, -> (..., C, C). See `_Gamma`."""
-    return _Gamma.apply(b, lower)
+def decayed(b: torch.Tensor, lower: torch.Tensor, *mats: torch.Tensor) -> tuple:
+    """(m ⊙ Γ for m in mats), Γ the decay between every pair of a chunk's positions:
+    exp(b_i - b_j) where lower[i, j] (a 0/1 mask in b's dtype), else 0; b (..., C), each
+    m (..., C, C). See `_Decayed`."""
+    return _Decayed.apply(b, lower, *mats)
 
 
 class _UnitLowerSolve(torch.autograd.Function):
@@ -184,7 +194,7 @@ def chunk_scalar_gate(q, k, v, g, C: int, S=None):
     qc, kc, vc = (_chunks(_pad(t, n), C) for t in (q, k, v))  # (B, H, n/C, C, D)
     b = _chunks(_pad(g, n), C).cumsum(-1)  # (B, H, n/C, C)
     s = D ** -0.5
-    att = (qc @ kc.transpose(-1, -2)) * gamma(b, lower_mask(C, q))  # (B, H, n/C, C, C)
+    att, = decayed(b, lower_mask(C, q), qc @ kc.transpose(-1, -2))  # (B, H, n/C, C, C)
     last = b[..., -1:]  # (B, H, n/C, 1)
     U = (kc * (last - b).exp()[..., None]).transpose(-1, -2) @ vc  # (B, H, n/C, D, D)
     S0, S = _scan(last.exp()[..., None], U, S)  # states before each chunk, after the last
@@ -220,23 +230,22 @@ def chunk_delta(q, k, v, beta, g, C: int, S=None):
     bc = _chunks(_pad(beta, n), C)  # (B, H, nc, C)
     s = D ** -0.5
     lower = lower_mask(C, q)
-    if g is None:
-        b = None
-        gam = lower
-    else:
-        b = _chunks(_pad(g, n), C).cumsum(-1)  # (B, H, nc, C)
-        gam = gamma(b, lower)
     # diag(β) K K^T as (β ⊙ K) K^T (β scales C D numbers, not C^2); the solve reads only
     # its strict lower part
     kk = (bc[..., None] * kc) @ kc.transpose(-1, -2)
-    a = kk if b is None else kk * gam
+    qk = qc @ kc.transpose(-1, -2)
+    if g is None:
+        b = None
+        a, att = kk, qk * lower  # tril(Q K^T)
+    else:
+        b = _chunks(_pad(g, n), C).cumsum(-1)  # (B, H, nc, C)
+        a, att = decayed(b, lower, kk, qk)  # and tril(Q K^T) ⊙ Γ
     ke = kc if b is None else kc * b.exp()[..., None]
     rhs = bc[..., None] * torch.cat([vc, ke], dim=-1)  # diag(β) [V | K ⊙ e^b]
     x = unit_lower_solve(a, rhs)  # (I + A)^-1 rhs
     # Ũ = T V, W = T (K ⊙ e^b); contiguous: the per-chunk matmuls on strided halves ran
     # ten times slower here.
     u_t, w = x[..., :D].contiguous(), x[..., D:].contiguous()
-    att = (qc @ kc.transpose(-1, -2)) * gam  # tril(Q K^T) ⊙ Γ
     if b is None:
         qe, kd, decay = qc, kc, None
     else:

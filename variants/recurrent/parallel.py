@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from .chunked import gamma, lower_mask, unit_lower_solve
+from .chunked import decayed, lower_mask, unit_lower_solve
 from .scores import channel_scores
 
 def whole_scalar_gate(q, k, v, g):
     """Retention / Mamba2: g (B, H, N) log-decays per head."""
-    att = (q @ k.transpose(-1, -2)) * gamma(g.cumsum(-1), lower_mask(q.shape[-2], q))
+    att, = decayed(g.cumsum(-1), lower_mask(q.shape[-2], q), q @ k.transpose(-1, -2))
     return (att @ v) * q.shape[-1] ** -0.5
 
 
@@ -53,8 +53,7 @@ def whole_delta(q, k, v, beta, g):
     qk, a = q @ kt, (beta[..., None] * k) @ kt
     if g is None:
         return _delta_out(qk * lower, a, v, beta)
-    gam = gamma(g.cumsum(-1), lower)  # zero above the diagonal
-    return _delta_out(qk * gam, a * gam, v, beta)
+    return _delta_out(*decayed(g.cumsum(-1), lower, qk, a), v, beta)  # zero above the diagonal
 
 
 def whole_delta_channel(q, k, v, beta, g, leaf: int):
