@@ -48,10 +48,9 @@ def flushed_denormals():
     a slow path for each operation on one: measured here (tools/step_ratios.py, one
     thread, two runs each way in turn), Mamba2's training step at N = 128 went from
     1.56-1.60x sdpa's to 1.35-1.36x with them flushed, the other mixers the same within
-    the noise. The values lost are
-    below float32's smallest normal number, beside a chunk's diagonal terms of order one.
-    One thread's mode only: with more threads the intra-op pool keeps its own (train-cpu's
-    workers train on one thread each)."""
+    the noise. The values lost are below float32's smallest normal number, beside a
+    chunk's diagonal terms of order one. One thread's mode only: with more threads the
+    intra-op pool keeps its own (train-cpu's workers train on one thread each)."""
     torch.set_flush_denormal(True)
     try:
         yield
