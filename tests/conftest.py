@@ -47,9 +47,3 @@ def _small_matmul_rate():
     with pytest.MonkeyPatch.context() as mp:
         small_matmul(mp)
         yield
-
-
-@pytest.fixture
-def quick_matmul(monkeypatch):
-    """small_matmul for one test (the session's default; kept for the tests that name it)."""
-    small_matmul(monkeypatch)

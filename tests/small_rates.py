@@ -1,6 +1,5 @@
-"""small_matmul, shared by conftest's session-wide fixture and quick_matmul and by
-module-scoped fixtures (a module of its own: `from conftest import` would find
-tests/benchmarks/conftest.py when the whole suite is collected)."""
+"""small_matmul, for conftest's session-wide fixture (a module of its own: `from conftest
+import` would find tests/benchmarks/conftest.py when the whole suite is collected)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ def test_the_dozen_is_the_drift_preset_without_its_rounds():
     assert repeatability.MATRIX == {k: v for k, v in preset.items() if k != "rounds"}
 
 
-def test_three_runs_and_a_line_per_case(tmp_path, capsys, quick_matmul):
+def test_three_runs_and_a_line_per_case(tmp_path, capsys):
     assert repeatability.main(["--seq-len", "64", "--variants", "sdpa,linear",
                                "--min-run-time", "0.01", "--keep", str(tmp_path)]) == 0
     out = capsys.readouterr().out

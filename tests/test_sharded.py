@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from small_rates import small_matmul
 from harness.measure import matrix as mx
 from harness.cluster import engine, executors, sharded, shards
 from harness.cluster.shards import MATRIX as files
@@ -74,14 +73,11 @@ def _run(cfg: Path, out: Path, run_id: str, *extra: str) -> int:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """The tiny matrix and its serial run (the reference for the sharded ones; its matmul
-    rate timed small: small_matmul)."""
+    """The tiny matrix and its serial run (the reference for the sharded ones)."""
     d = tmp_path_factory.mktemp("sharded")
     cfg = d / "tiny.toml"
     cfg.write_text(TINY)
-    with pytest.MonkeyPatch.context() as mp:
-        small_matmul(mp)
-        assert _run(cfg, d, "serial") == 0
+    assert _run(cfg, d, "serial") == 0
     return cfg, d, d / "serial" / "results.csv"
 
 
@@ -108,7 +104,7 @@ def _same_as_serial(serial_csv: Path, folder: Path, jobs: int) -> None:
 
 
 @needs_slurm
-def test_slurm_two_shards_match_serial(tiny, quick_matmul):
+def test_slurm_two_shards_match_serial(tiny):
     cfg, d, serial = tiny
     assert _run(cfg, d, "slurm", "--executor", "slurm", "--shards", "2") == 0
     _same_as_serial(serial, d / "slurm", jobs=2)
@@ -116,7 +112,7 @@ def test_slurm_two_shards_match_serial(tiny, quick_matmul):
     assert [j["executor"] for j in jobs] == ["slurm", "slurm"] and "_" in jobs[0]["job_id"]
 
 
-def test_local_two_shards_match_serial(tiny, quick_matmul):
+def test_local_two_shards_match_serial(tiny):
     cfg, d, serial = tiny
     assert _run(cfg, d, "local", "--executor", "local", "--shards", "2") == 0
     _same_as_serial(serial, d / "local", jobs=2)
@@ -129,8 +125,7 @@ def test_local_two_shards_match_serial(tiny, quick_matmul):
 
 
 @needs_slurm
-def test_scancel_one_shard_then_one_rerun_finishes_each_case_once(tmp_path, monkeypatch,
-                                                                   quick_matmul):
+def test_scancel_one_shard_then_one_rerun_finishes_each_case_once(tmp_path, monkeypatch):
     monkeypatch.setenv(EXTRA_ENV, FAKES)  # the jobs inherit it and register the fakes
     monkeypatch.setattr(engine, "SCHEDULER_POLL_S", 1.0)  # a test need not spare squeue
     cfg = tmp_path / "slow.toml"
@@ -199,8 +194,7 @@ def _killer_run(tmp_path, monkeypatch, executor: str) -> tuple[Path, list[dict]]
 
 
 @pytest.mark.timeout(240)
-def test_local_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_path, monkeypatch,
-                                                                          quick_matmul):
+def test_local_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_path, monkeypatch):
     _, jobs = _killer_run(tmp_path, monkeypatch, "local")
     dead = [j for j in jobs if j.get("state")]
     assert [j["state"] for j in dead] == ["KILLED", "KILLED"]
@@ -208,8 +202,7 @@ def test_local_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_pa
 
 @needs_slurm
 @pytest.mark.timeout(240)
-def test_slurm_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_path, monkeypatch,
-                                                                          quick_matmul):
+def test_slurm_case_that_kills_its_job_becomes_an_error_row_after_retries(tmp_path, monkeypatch):
     folder, jobs = _killer_run(tmp_path, monkeypatch, "slurm")
     assert [j["state"] for j in jobs if j.get("state")] == ["FAILED", "FAILED"]
     dead = [r for r in _rows(folder / "results.csv") if r["status"] == "error"][0]

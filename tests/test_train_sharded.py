@@ -162,8 +162,7 @@ def _each_once(folder: Path, planned: list[str]) -> None:
 
 @needs_slurm
 @pytest.mark.timeout(240)
-def test_slurm_scancel_while_the_command_waits_is_resubmitted_by_it(tmp_path, monkeypatch,
-                                                                    quick_matmul):
+def test_slurm_scancel_while_the_command_waits_is_resubmitted_by_it(tmp_path, monkeypatch):
     monkeypatch.setenv(EXTRA_ENV, FAKES)  # the jobs inherit it and register the fakes
     monkeypatch.setattr(engine, "SCHEDULER_POLL_S", 1.0)  # a test need not spare squeue
     cfg = tmp_path / "slow.toml"

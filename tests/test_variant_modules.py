@@ -53,7 +53,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_run_with_a_variant_module_writes_its_rows_meta_and_report(tmp_path, mine, clean,
-                                                                   capsys, quick_matmul):
+                                                                   capsys):
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY)
     argv = ["run", "--variant-module", str(mine), "--config", str(cfg), "--results-dir",
