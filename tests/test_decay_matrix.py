@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from variants.recurrent.chunked import decayed, lower_mask
+from variants.recurrent.reference import dense_weights
 from variants.recurrent.scores import channel_scores
 
 
@@ -53,8 +54,8 @@ def test_the_decayed_products_are_exact_below_zero_above_and_finite_for_any_deca
 def test_the_per_channel_scores_match_float64_at_every_leaf(C, leaf):
     """P_tj = Σ_d x_td k_jd exp(b_td - b_jd) for j <= t (variants/recurrent/scores.py), its
     diagonal leaves taken explicitly for leaf > 1 (a variant's sub_chunk), against the
-    (C, C, D) sum in float64, values and gradients, decays of 0 to 50 nats a step. Planted
-    and seen failing: the leaves' mask dropped (their upper part nonzero), their
+    float64 reference's dense weights (variants/recurrent/reference.py), values and
+    gradients, decays of 0 to 50 nats a step. Planted and seen failing: the leaves' mask dropped (their upper part nonzero), their
     differences taken the wrong way round (b_j - b_t)."""
     gen = torch.Generator().manual_seed(1)
     x, k = (torch.randn(3, 2, C, 8, generator=gen, dtype=torch.float64) for _ in range(2))
@@ -68,11 +69,12 @@ def test_the_per_channel_scores_match_float64_at_every_leaf(C, leaf):
 
     ref_ins = [t.detach().double().requires_grad_() for t in ins]
     xr, kr, br = ref_ins
-    lower = torch.ones(C, C, dtype=torch.bool).tril()
-    e = (br[..., :, None, :] - br[..., None, :, :]).masked_fill(~lower[..., None],
-                                                               float("-inf")).exp()
-    ref = (xr[..., :, None, :] * kr[..., None, :, :] * e).sum(-1)  # (3, 2, C, C)
+    # the float64 reference's per-channel weights, s P with s = D^-1/2, from the g whose
+    # cumulative sum is this b (to float64 rounding)
+    gr = torch.diff(br, dim=-2, prepend=torch.zeros_like(br[..., :1, :]))
+    ref = dense_weights(xr, kr, gr) * x.shape[-1] ** 0.5  # (3, 2, C, C)
     (ref * w).sum().backward()
+    lower = torch.ones(C, C, dtype=torch.bool).tril()
 
     assert torch.isfinite(got).all() and (got[..., ~lower] == 0).all()
     scale = ref.abs().max()
