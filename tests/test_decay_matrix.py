@@ -55,8 +55,8 @@ def test_the_per_channel_scores_match_float64_at_every_leaf(C, leaf):
     """P_tj = Σ_d x_td k_jd exp(b_td - b_jd) for j <= t (variants/recurrent/scores.py), its
     diagonal leaves taken explicitly for leaf > 1 (a variant's sub_chunk), against the
     float64 reference's dense weights (variants/recurrent/reference.py), values and
-    gradients, decays of 0 to 50 nats a step. Planted and seen failing: the leaves' mask dropped (their upper part nonzero), their
-    differences taken the wrong way round (b_j - b_t)."""
+    gradients, decays of 0 to 50 nats a step. Planted and seen failing: the leaves' mask
+    dropped (their upper part nonzero), their differences taken the wrong way round."""
     gen = torch.Generator().manual_seed(1)
     x, k = (torch.randn(3, 2, C, 8, generator=gen, dtype=torch.float64) for _ in range(2))
     g = -50 * torch.rand(3, 2, C, 8, generator=gen, dtype=torch.float64)
