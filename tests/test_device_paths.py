@@ -122,8 +122,10 @@ def test_variant_on_cuda_matches_the_reference_or_its_cpu_self(name, causal, bac
     """Each variant's own code on the device at N = 300 (a multiple of no block size: the
     ragged-tail branches run). Exact and pattern-exact variants (xformers, FlexAttention
     and SDPA-with-mask included) against float64 attention on their pattern, outputs and
-    gradients; approximate ones against the same module on CPU (their random state is
-    drawn on CPU from the seed, so both hold the same projections and features)."""
+    gradients; a recurrence against its own float64 sequential form (`reference`), with
+    its declared gates drawn; other approximate ones against the same module on CPU (their
+    random state is drawn on CPU from the seed, so both hold the same projections and
+    features)."""
     check_against_reference(torch.device("cuda"), name, causal, backward)
 
 
@@ -135,16 +137,18 @@ def check_against_reference(dev: torch.device, name: str, causal: bool, backward
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, N, 64, generator=g) for _ in range(3))
     qc, kc, vc = (t.detach().clone().to(dev).requires_grad_(backward) for t in (q, k, v))
+    inputs = m.draw_inputs(1, 4, N, 64, seed=0)  # a recurrence's gates, drawn on CPU
+    ic = {n: t.to(dev) for n, t in inputs.items()}
     if reasons:
         with pytest.raises(ValueError) as e, torch.set_grad_enabled(backward):
-            m(qc, kc, vc, causal=causal)
+            m(qc, kc, vc, causal=causal, **ic)
         assert reasons[0] in str(e.value)
         if lacks(reasons):
             pytest.skip(f"this machine lacks what it needs: {'; '.join(reasons)}")
         return
     m.prepare(qc, kc, vc, causal, backward=backward)
     with torch.set_grad_enabled(backward):
-        o = m(qc, kc, vc, causal=causal)
+        o = m(qc, kc, vc, causal=causal, **ic)
     assert o.device == qc.device and o.shape == q.shape and torch.isfinite(o).all()
     spec = variants.spec(name)
     qr, kr, vr = (t.detach().double().requires_grad_(backward) for t in (q, k, v))
@@ -153,6 +157,9 @@ def check_against_reference(dev: torch.device, name: str, causal: bool, backward
         with torch.set_grad_enabled(backward):
             ref = naive_attention(qr, kr, vr, causal, key_mask=mask)
         assert _rel(o, exact_reference(q, k, v, causal, key_mask=mask)) < 1e-4
+    elif spec.err_ref != "softmax":  # a recurrence: its own float64 sequential form
+        with torch.set_grad_enabled(backward):
+            ref = m.reference(qr, kr, vr, causal, **{n: t.double() for n, t in inputs.items()})
     else:
         with torch.set_grad_enabled(backward):
             ref = variants.build(name)(qr.float(), kr.float(), vr.float(), causal=causal)
