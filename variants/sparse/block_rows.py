@@ -199,4 +199,5 @@ def _put(x: torch.Tensor, sel, value: torch.Tensor, base: torch.Tensor) -> None:
         x[:, :, sel] = value
     else:
         E = x.shape[3] * x.shape[4]
-        x.view(-1, E).index_copy_(0, _flat(sel, base), value.reshape(-1, E))
+        # index_copy_ does not cast: a bfloat16 block's lse goes into a float32 buffer.
+        x.view(-1, E).index_copy_(0, _flat(sel, base), value.reshape(-1, E).to(x.dtype))
