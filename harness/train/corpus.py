@@ -101,6 +101,13 @@ def _stdlib_files() -> list[tuple[str, bytes]]:
     return out
 
 
+# The nodes whose bodies may hold a def or a class (simple statements never do); try/except*
+# is Python 3.11's.
+_COMPOUND = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.If, ast.For, ast.AsyncFor,
+             ast.While, ast.Try, ast.With, ast.AsyncWith, ast.Match, ast.excepthandler,
+             ast.match_case) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
+
+
 def _docstrings(tree: ast.AST) -> list[str]:
     """The module's, its classes' and its functions' docstrings, in source order. Walks
     statement bodies only (defs nest in if/try/with blocks, never in expressions)."""
@@ -111,7 +118,7 @@ def _docstrings(tree: ast.AST) -> list[str]:
             out.append(doc)
     for field in ("body", "orelse", "finalbody", "handlers", "cases"):
         for stmt in getattr(tree, field, ()):
-            if isinstance(stmt, (ast.stmt, ast.excepthandler, ast.match_case)):
+            if isinstance(stmt, _COMPOUND):
                 out.extend(_docstrings(stmt))
     return out
 
