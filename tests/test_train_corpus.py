@@ -65,6 +65,8 @@ def test_a_folder_is_one_document_per_text_file(tmp_path):
     (tmp_path / "bin.dat").write_bytes(bytes(range(256)))  # not UTF-8
     (tmp_path / "nul.txt").write_bytes(b"text\0more")  # holds NUL
     (tmp_path / "empty.txt").write_text("")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("[core]")  # hidden: not the user's text
     assert corpus.documents(f"path:{tmp_path}") == (("b.txt", b"beta"), ("sub/a.md", b"alpha"))
     assert corpus.documents(f"path:{tmp_path / 'b.txt'}") == (("b.txt", b"beta"),)
 
@@ -100,6 +102,8 @@ def test_hf_without_datasets_or_unreachable_is_one_line_naming_it(monkeypatch):
     with pytest.raises(UsageError) as e:
         corpus.documents("hf:wikitext:wikitext-2-raw-v1")
     assert "datasets" in _one_line(e) and "hf:wikitext" in _one_line(e)
+    assert "needs the optional package `datasets`" in text_windows.lm_problems(
+        64, 256, "hf:wikitext")[0]
 
     def unreachable(name, config, split):
         raise ConnectionError(f"Couldn't reach '{name}' on the Hub (LocalEntryNotFoundError)\n"

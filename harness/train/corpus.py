@@ -6,8 +6,9 @@ A corpus is a tuple of documents (name, UTF-8 bytes), named by a string:
                        read with `ast`; one document per module) and `pydoc_data.topics`
                        (one document per help topic)
     python-source      the standard library's own `.py` files, tests excluded, one a document
-    path:FILE_OR_DIR   a file is one document; a folder, each file under it (sorted); a
-                       `.jsonl` file, one document per line: the string in its "text" field
+    path:FILE_OR_DIR   a file is one document; a folder, each file under it (sorted; hidden
+                       ones such as .git/ left out); a `.jsonl` file, one document per
+                       line: the string in its "text" field
     hf:NAME[:CONFIG]   a Hugging Face dataset's "train" split through `datasets` (an optional
                        extra), one document per row: its "text" field
 
@@ -146,7 +147,9 @@ def _path_docs(corpus: str) -> list[tuple[str, bytes]]:
     root = Path(corpus[len("path:"):]).expanduser()
     if not root.exists():
         raise UsageError(f"corpus {corpus!r}: {str(root)!r} does not exist")
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    files = [root] if root.is_file() else sorted(
+        p for p in root.rglob("*") if p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(root).parts))  # .git, ...
     out = []
     for f in files:
         name = f.name if f == root else f.relative_to(root).as_posix()

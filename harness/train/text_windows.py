@@ -94,8 +94,8 @@ def lm_windows(num_examples: int, seq_len: int, vocab_size: int, corpus: str = "
                *, seed: int = 0, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """num_examples random windows of a split (default train), drawn with `seed`."""
     problems = lm_problems(seq_len, vocab_size, corpus)
-    if problems:
-        raise UsageError("; ".join(problems))
+    if problems:  # the matrix has reported them as a UsageError before, as for every task
+        raise ValueError("; ".join(problems))
     g = torch.Generator().manual_seed(seed)
     return train_windows(split_tensor(corpus, split), num_examples, seq_len, g)
 
