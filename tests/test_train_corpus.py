@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import types
 from pathlib import Path
 
@@ -153,10 +154,14 @@ def test_python_source_is_the_stdlib_without_its_tests():
     assert all(meta["splits"][s]["documents"] > 10 for s in SPLITS)
 
 
+def _stdlib_source(module: str) -> bytes:
+    return (Path(sysconfig.get_paths()["stdlib"]) / module).read_bytes()
+
+
 @pytest.mark.parametrize("module", ["json/decoder.py", "collections/__init__.py",
                                     "asyncio/tasks.py", "os.py"])
 def test_docstrings_are_those_ast_walk_finds(module):
-    source = dict(corpus.documents("python-source"))[module]
+    source = _stdlib_source(module)
     tree = ast.parse(source)
     want = [ast.get_docstring(n) for n in ast.walk(tree) if isinstance(
         n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -168,6 +173,10 @@ def test_a_recorded_split_that_differs_is_a_usage_error(tmp_path):
     name = f"path:{_folder(tmp_path)}"
     recorded = json.loads(json.dumps(corpus.describe(name)))
     corpus.check_recorded(recorded)  # the same files: nothing to say
+    tampered = json.loads(json.dumps(recorded))
+    tampered["splits"]["validation"]["sha256"] = "0" * 64  # same size, other bytes
+    with pytest.raises(UsageError, match="the validation split differs"):
+        corpus.check_recorded(tampered)
     test_doc = next(t for _, t in corpus.documents(name) if _rule_split(t) == "test")
     victim = next(p for p in tmp_path.iterdir() if p.read_bytes() == test_doc)
     victim.unlink()  # only the test split changes (an edit would move the document by hash)
@@ -175,7 +184,24 @@ def test_a_recorded_split_that_differs_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError) as e:
         corpus.check_recorded(recorded)
     msg = _one_line(e)
-    assert "the test split differs" in msg and name in msg
+    assert "the test split differs" in msg and name in msg and "its files changed" in msg
+    recorded["python"] = "3.0.1"
+    with pytest.raises(UsageError, match="recorded under Python 3.0.1, this is 3"):
+        corpus.check_recorded(recorded)
+
+
+def test_python_docs_are_each_modules_docstrings_and_the_help_topics(monkeypatch):
+    from pydoc_data import topics
+
+    files = [("json/decoder.py", _stdlib_source("json/decoder.py")),
+             ("bad.py", b'def f(:\n    """not Python"""\n'), ("nodoc.py", b"x = 1\n")]
+    monkeypatch.setattr(corpus, "_stdlib_files", lambda: files)
+    docs = dict(corpus.documents("python-docs"))
+    want = "\n\n".join(corpus._docstrings(ast.parse(files[0][1]))).encode()
+    texts = {v.encode() for v in topics.topics.values()} | {want}  # "if" and "else": one text
+    assert sorted(docs.values()) == sorted(texts)
+    assert docs["docstrings:json/decoder.py"] == want
+    assert docs["topics:assert"] == topics.topics["assert"].encode()
 
 
 def test_too_few_documents_for_three_splits_is_a_usage_error(tmp_path):

@@ -28,6 +28,7 @@ import gc
 import hashlib
 import json
 import os
+import platform
 import sysconfig
 from pathlib import Path
 
@@ -227,10 +228,12 @@ def splits(corpus: str, valid_frac: float = VALID_FRAC,
 
 
 def describe(corpus: str, valid_frac: float = VALID_FRAC, test_frac: float = TEST_FRAC) -> dict:
-    """What train_meta.json records: the corpus, the fractions, and per split its documents,
+    """What train_meta.json records: the corpus, the fractions, the Python that read it (its
+    standard library is python-docs' and python-source's text), and per split its documents,
     bytes and sha256 (of the split's bytes as the model reads them)."""
     parts = splits(corpus, valid_frac, test_frac)
     return {"corpus": corpus, "valid_frac": valid_frac, "test_frac": test_frac,
+            "python": platform.python_version(),
             "splits": {s: {"documents": parts[s].count(bytes([EOD])), "bytes": len(parts[s]),
                            "sha256": hashlib.sha256(parts[s]).hexdigest()} for s in SPLITS}}
 
@@ -243,8 +246,10 @@ def check_recorded(recorded: dict) -> None:
     for s in SPLITS:
         was, new = recorded["splits"][s], now["splits"][s]
         if (was["sha256"], was["bytes"]) != (new["sha256"], new["bytes"]):
+            why = (f"recorded under Python {recorded['python']}, this is {now['python']}"
+                   if recorded["python"] != now["python"] else "its files changed")
             raise UsageError(
                 f"corpus {recorded['corpus']!r}: the {s} split differs from the one this run "
                 f"recorded ({new['bytes']:,} bytes, sha256 {new['sha256'][:12]} here; "
-                f"{was['bytes']:,} bytes, {was['sha256'][:12]} recorded): another Python's "
-                "standard library or edited files; resume where it was made or start a new run")
+                f"{was['bytes']:,} bytes, {was['sha256'][:12]} recorded; {why}): resume where "
+                "it was made or start a new run")
