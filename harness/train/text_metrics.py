@@ -36,15 +36,17 @@ def bits_per_byte(nats: float, n_bytes: int) -> float:
 
 @torch.no_grad()
 def byte_nats(model: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor,
-              labels: torch.Tensor, batch: int = 64) -> torch.Tensor:
-    """(W, N) float64: each predicted byte's cross-entropy in nats under `model` (inputs
-    (B, N) -> logits (B, N, 256)); 0 where the label is -100."""
+              labels: torch.Tensor, batch: int = 64, device: str | torch.device = "cpu"
+              ) -> torch.Tensor:
+    """(W, N) float64 on the CPU: each predicted byte's cross-entropy in nats under `model`
+    (inputs (B, N) on `device` -> logits (B, N, 256), e.g. trainer's RecallModel in eval
+    mode); 0 where the label is -100."""
     out = torch.zeros(labels.shape, dtype=torch.float64)
     for s in range(0, len(inputs), batch):
-        logits = model(inputs[s:s + batch])
-        y = labels[s:s + batch]
+        logits = model(inputs[s:s + batch].to(device))
+        y = labels[s:s + batch].to(device)
         nll = F.cross_entropy(logits.flatten(0, 1), y.flatten().clamp(min=0), reduction="none")
-        out[s:s + batch] = nll.view(y.shape).double() * (y != IGNORE)
+        out[s:s + batch] = (nll.view(y.shape).double() * (y != IGNORE)).cpu()
     return out
 
 
