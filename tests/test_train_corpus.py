@@ -115,6 +115,33 @@ def test_hf_without_datasets_or_unreachable_is_one_line_naming_it(monkeypatch):
     assert "ConnectionError" in _one_line(e) and "Couldn't reach 'wikitext'" in _one_line(e)
 
 
+class _Rows:
+    """What datasets.load_dataset returns, as far as the corpus reads it."""
+    def __init__(self, columns: dict):
+        self.columns = columns
+        self.column_names = list(columns)
+
+    def __getitem__(self, column: str) -> list:
+        return self.columns[column]
+
+
+def test_hf_rows_are_documents_their_text_column(monkeypatch):
+    calls = []
+
+    def load_dataset(name, config, split):
+        calls.append((name, config, split))
+        return _Rows({"text": ["first row", "", "second row", None], "id": [1, 2, 3, 4]})
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    docs = corpus.documents("hf:wikitext:wikitext-2-raw-v1")
+    assert [t for _, t in docs] == [b"first row", b"second row"]
+    assert calls == [("wikitext", "wikitext-2-raw-v1", "train")]
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(
+        load_dataset=lambda name, config, split: _Rows({"content": ["x"]})))
+    with pytest.raises(UsageError) as e:
+        corpus.documents("hf:other")
+    assert "no 'text' column (columns: content)" in _one_line(e)
+
+
 def test_splits_are_disjoint_cover_the_corpus_and_follow_the_sha256_rule(tmp_path):
     name = f"path:{_folder(tmp_path)}"
     docs = corpus.documents(name)
