@@ -3,6 +3,10 @@ to recall? A model (embedding, a short causal convolution, the variant as the se
 mixer, a tied head) is trained per configuration on a synthetic task, into train.csv.
 
     tasks.py    the task registry and its generators (MQAR)
+    state_tasks.py  parity, mod_sum, permutations: running-state generators
+    corpus.py   byte-level text corpora (lm) and their document splits by sha256
+    text_windows.py  a split's training windows and its evaluation tiling
+    text_metrics.py  bits per byte, unigram and bigram floors, recall hits
     model.py    the small model around a variant
     trainer.py  one training run: AdamW, warm-up then cosine decay, early stop, settling,
                 accuracy; a run paused and continued (the race)
