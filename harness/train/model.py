@@ -117,6 +117,8 @@ class InputLayer(nn.Module):
                 math.log(lo), math.log(hi)))
             self.A_log = nn.Parameter(A.log())
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+            # A decay's parameters, out of AdamW's weight decay (RecallModel.param_groups).
+            self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
         else:
             raise ValueError(f"the recall model has no layer for input {spec.name!r} "
                              f"(layer {spec.layer!r})")
@@ -141,8 +143,71 @@ class InputLayer(nn.Module):
         return y.transpose(1, 2).contiguous(), scale  # (B, H, N) or (B, H, N, d / H)
 
 
+# The matrix's `output_layer`: the layer the variant declares after its mixer, or none.
+OUTPUT_LAYERS = ("paper", "none")
+NORM_EPS = 1e-5  # fla's and mamba_ssm's norm_eps
+
+
+class OutputLayer(nn.Module):
+    """The paper's layer between the mixer and the output projection, by the name its variant
+    declares (`output_layer`): each head's output o (B, H, N, d / H) normalised per head and,
+    where the paper's layer has one, gated by a gate made from the block's normed hidden
+    state x (B, N, d), the input of fla's and mamba_ssm's layers (and of `InputLayer`):
+
+    - "rms": RMSNorm per head with a weight. DeltaNet: fla's DeltaNet (use_gate=False, its
+      default). linear and performer: fla's LinearAttention (output_norm="rmsnorm", its
+      default); the elu+1 and FAVOR+ papers have no norm (docs/training.md says why it is
+      kept).
+    - "rms_swish": RMSNorm per head, times swish(W x), W without a bias (fla's
+      FusedRMSNormGated after its g_proj): GLA (fla's GatedLinearAttention, GLA Sec. 4.4's
+      output gate) and Gated DeltaNet (fla's GatedDeltaNet, use_gate=True, its default).
+    - "group_swish": GroupNorm with a group per head (each head's output standardised, a
+      weight and bias per channel), times swish(W x): RetNet's MSR(X) = (swish(X W_G) *
+      GroupNorm_h(Y)) W_O (Sun et al. 2023, Sec. 2.2). fla's MultiScaleRetention has an
+      RMSNorm there instead.
+    - "swish_rms": RMSNorm per head of o * swish(W x), the gate before the norm: Mamba2's
+      RMSNormGated(norm_before_gate=False) on y and z (mamba_ssm's and fla's Mamba2), z = W x.
+      mamba_ssm normalises in groups of d_inner / ngroups, the groups of B and C; here k
+      and q are per head, so a group is a head.
+    - "rms_sigmoid": RMSNorm per head, times sigmoid(W2 W1 x + b), W1 of rank d / H: KDA
+      (fla's KimiDeltaAttention g_proj and its o_norm with activation "sigmoid").
+
+    forward(o, x) -> (B, N, d), the heads merged for the output projection."""
+
+    KINDS = ("rms", "rms_swish", "group_swish", "swish_rms", "rms_sigmoid")
+
+    def __init__(self, kind: str, d_model: int, heads: int):
+        super().__init__()
+        if kind not in self.KINDS:
+            raise ValueError(f"the recall model has no output layer {kind!r} "
+                             f"(it has {', '.join(self.KINDS)})")
+        self.kind, dh = kind, d_model // heads
+        self.norm = (nn.GroupNorm(heads, d_model, eps=NORM_EPS) if kind == "group_swish"
+                     else nn.RMSNorm(dh, eps=NORM_EPS))
+        self.gate = None
+        if kind == "rms_sigmoid":
+            self.gate = nn.Sequential(nn.Linear(d_model, dh, bias=False), nn.Linear(dh, d_model))
+        elif kind != "rms":
+            self.gate = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        B, H, N, dh = o.shape
+        o = o.transpose(1, 2)  # (B, N, H, d / H)
+        g = None if self.gate is None else self.gate(x).view(B, N, H, dh)
+        if self.kind == "swish_rms":
+            return self.norm(o * F.silu(g)).reshape(B, N, H * dh)
+        if self.kind == "group_swish":  # GroupNorm takes channels second: (B N, d)
+            y = self.norm(o.reshape(B * N, H * dh)).view(B, N, H, dh)
+        else:
+            y = self.norm(o)
+        if g is not None:
+            y = y * (torch.sigmoid(g) if self.kind == "rms_sigmoid" else F.silu(g))
+        return y.reshape(B, N, H * dh)
+
+
 class Block(nn.Module):
-    def __init__(self, d_model: int, heads: int, mixer: nn.Module, causal: bool, mlp: bool):
+    def __init__(self, d_model: int, heads: int, mixer: nn.Module, causal: bool, mlp: bool,
+                 output_layer: str = "paper"):
         super().__init__()
         self.heads, self.causal = heads, causal
         self.conv = ShortConv(d_model)
@@ -152,6 +217,10 @@ class Block(nn.Module):
         self._checked = set()  # the call signatures `_mix` has checked
         self.inputs = nn.ModuleDict({s.name: InputLayer(s, d_model, heads)
                                      for s in getattr(mixer, "inputs", ())})
+        # The variant's declared output layer (none for softmax: the papers' transformer
+        # block has no norm after attention), unless the matrix asks for today's bare block.
+        kind = getattr(mixer, "output_layer", "") if output_layer == "paper" else ""
+        self.output = OutputLayer(kind, d_model, heads) if kind else None
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
         self.mlp = None
         if mlp:
@@ -188,7 +257,8 @@ class Block(nn.Module):
             if scale is not None:  # Mamba2's write dt_t B_t^T x_t: v scaled by dt
                 v = v * scale
         o = self._mix(q, k, v, extra)  # (B, H, N, d / H)
-        h = h + self.out_proj(o.transpose(1, 2).reshape(B, N, d))
+        o = o.transpose(1, 2).reshape(B, N, d) if self.output is None else self.output(o, x)
+        h = h + self.out_proj(o)
         if self.mlp is not None:
             h = h + self.mlp(self.norm_mlp(h))
         return h
@@ -198,10 +268,13 @@ class RecallModel(nn.Module):
     """Embedding, `layers` blocks around a registered variant, a tied head; (B, N) -> logits."""
 
     def __init__(self, variant: str, params: dict, *, vocab_size: int, d_model: int,
-                 layers: int, heads: int, causal: bool, mlp: bool):
+                 layers: int, heads: int, causal: bool, mlp: bool, output_layer: str = "paper"):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model={d_model} is not a multiple of heads={heads}")
+        if output_layer not in OUTPUT_LAYERS:
+            raise ValueError(f"output_layer must be one of {', '.join(OUTPUT_LAYERS)}, "
+                             f"got {output_layer!r}")
         self.embedding = nn.Embedding(vocab_size, d_model)
         # One variant module per layer: its own seeded state (features, projections) each.
         # A layer pattern ("gated_deltanet*3+sdpa") names each layer's mixer; its params map
@@ -209,7 +282,8 @@ class RecallModel(nn.Module):
         per_layer = stack.layers_of(variant, layers)
         mixer_params = params if stack.is_pattern(variant) else {variant: params}
         self.blocks = nn.ModuleList(
-            Block(d_model, heads, variants.build(name, **mixer_params.get(name, {})), causal, mlp)
+            Block(d_model, heads, variants.build(name, **mixer_params.get(name, {})), causal, mlp,
+                  output_layer)
             for name in per_layer)
         self.norm_out = nn.LayerNorm(d_model)
         self._init(layers)
@@ -236,6 +310,16 @@ class RecallModel(nn.Module):
         if where is not None:
             h = h[where]  # (M, d)
         return F.linear(self.norm_out(h), self.embedding.weight)  # tied head
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW's groups: every parameter decayed but those marked `_no_weight_decay` (the
+        decay layers' A_log and dt_bias: fla's and mamba_ssm's convention), in the order
+        of `parameters()`."""
+        params = list(self.parameters())
+        keep = [p for p in params if getattr(p, "_no_weight_decay", False)]
+        return [{"params": [p for p in params if not getattr(p, "_no_weight_decay", False)],
+                 "weight_decay": weight_decay},
+                {"params": keep, "weight_decay": 0.0}]
 
     def n_params(self) -> int:
         """Trainable parameters (the tied head counted once)."""
