@@ -4,6 +4,7 @@ mixer, a tied head) is trained per configuration on a synthetic task, into train
 
     tasks.py    the task registry and its generators (MQAR)
     model.py    the small model around a variant
+    output_layer.py  the papers' norm and gate after a mixer, before the output projection
     trainer.py  one training run: AdamW, warm-up then cosine decay, early stop, settling,
                 accuracy; a run paused and continued (the race)
     race.py     the race of learning rates: successive halving over continued runs

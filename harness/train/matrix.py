@@ -36,7 +36,7 @@ product, and the union (first occurrence of each configuration wins) is the run.
     timeout_s = 300             # per learning rate, wall clock; the worker is killed after it
     mem_limit_mib = 0           # worker address-space cap above its baseline; 0: MemAvailable*0.9
     output_layer = "paper"      # after each mixer, its paper's norm and gate (harness.train.
-                                #   model.OutputLayer); "none": the bare block, as before
+                                #   output_layer); "none": the bare block, as before
     workers = 1                 # top level only: configurations trained at once (serial run)
 
 A top-level `modules = [...]` imports variant modules first, as in the benchmark matrix.
@@ -57,7 +57,7 @@ from harness.errors import UsageError
 from harness.measure import stack
 from harness.measure.matrix import narrow_variants, read_toml, resolve_variants
 from harness.train import tasks
-from harness.train.model import OUTPUT_LAYERS
+from harness.train.output_layer import OUTPUT_LAYERS
 
 # key -> (default, kind). "list:" keys take a value or a list and are product axes.
 _KEYS: dict[str, tuple[object, str]] = {

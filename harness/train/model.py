@@ -11,7 +11,8 @@ the query against it), where attention alone needs two layers and many more step
     per layer:
       h = h + conv(h)                                      # causal depthwise, kernel 3
       q, k, v = split(W_qkv norm(h))                       # each (B, H, N, d / H)
-      h = h + W_o merge(variant(q, k, v, causal))          # the variant under test
+      o = variant(q, k, v, causal)                         # the variant under test
+      h = h + W_o out(o, norm(h))                          # each head normed (and gated)
       h = h + mlp(norm(h))                                 # when the preset says so
     logits = norm(h) @ embedding.weight^T                  # tied head, (B, N, vocab)
 
@@ -26,7 +27,9 @@ same dt (v dt, as SSD writes dt_t B_t^T x_t); Gated DeltaNet's gate of the same 
 A ~ U(0, 16), as fla's layer draws it; Kimi Delta Attention's g per channel =
 -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank d / H, A_log per head and dt_bias per
 channel as in fla's KimiDeltaAttention layer. `InputLayer` says where each differs from
-its paper's layer.
+its paper's layer. After the mixer, the layer its paper has there (`OutputLayer`: a norm
+of each head's output, and an output gate from the same x where the paper has one);
+none after softmax attention, whose papers' block has none.
 Parameters are initialised as Zoology's model does (normal, std 0.02; output projections
 scaled by 1 / sqrt(2 layers)) except the q, k, v projection: std d_model^-1/2, so that the
 first scores are O(1) and attention is not uniform from the start. Measured here (sdpa,
@@ -44,6 +47,7 @@ from torch import nn
 
 import variants
 from harness.measure import stack
+from harness.train.output_layer import OUTPUT_LAYERS, OutputLayer
 
 CONV_KERNEL = 3
 
@@ -78,22 +82,19 @@ class InputLayer(nn.Module):
     - "sigmoid", beta = sigmoid(W x) (DeltaNet, Gated DeltaNet, KDA; fla's b_proj). Differs:
       W has a bias (zero at initialisation), and beta is kept inside (0, 1) in float32.
     - "gla_gate", g = logsigmoid(W2 W1 x + b) / 16, W1 of rank 16 (fla's
-      GatedLinearAttention gk_proj, GLA Sec. 4.4). Differs: no output gate or norm after
-      the mixer (the model's block has none for any mixer).
+      GatedLinearAttention gk_proj, GLA Sec. 4.4).
     - "mamba2_decay", Mamba2's SSD (Dao & Gu 2024; mamba_ssm's Mamba2): dt =
       softplus(W x + dt_bias) per head, the decay g = -exp(A_log) dt, and the write scaled
       by the same dt: the mixer gets v dt (ssd_minimal_discrete(X * dt, A * dt, B, C), with
       C = q, B = k, X = v). A ~ U(1, 16), dt ~ logU(1e-3, 1e-1) at initialisation. Differs:
-      no D skip (y + D x), no z gate and norm, the model's short convolution before the
-      projections instead of Mamba2's kernel-4 convolution of x, B, C and its SiLU.
+      no D skip (y + D x), the model's short convolution before the projections instead
+      of Mamba2's kernel-4 convolution of x, B, C and its SiLU.
     - "gdn_decay", Gated DeltaNet's gate (fla's GatedDeltaNet a_proj): g = -exp(A_log)
       softplus(W x + dt_bias) per head, A ~ U(0, 16), dt ~ logU(1e-3, 1e-1). Differs: fla
-      floors dt at 1e-4 (below dt_min: never binds), and its output gate and norm are not
-      part of the model.
+      floors dt at 1e-4 (below dt_min: never binds).
     - "kda_gate", Kimi Delta Attention's gate (fla's KimiDeltaAttention f_proj): g per
       channel = -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank d / H, A_log per head
-      (A ~ U(1, 16)), dt_bias per channel (dt ~ logU(1e-3, 1e-1)). Differs: no output gate
-      or norm.
+      (A ~ U(1, 16)), dt_bias per channel (dt ~ logU(1e-3, 1e-1)).
 
     forward(x) -> (the input in its declared shape, the factor (B, H, N, 1) the layer
     scales the mixer's v by, or None)."""
@@ -141,68 +142,6 @@ class InputLayer(nn.Module):
             if self.kind == "mamba2_decay":
                 scale = dt.transpose(1, 2)[..., None]  # (B, H, N, 1): the write's dt
         return y.transpose(1, 2).contiguous(), scale  # (B, H, N) or (B, H, N, d / H)
-
-
-# The matrix's `output_layer`: the layer the variant declares after its mixer, or none.
-OUTPUT_LAYERS = ("paper", "none")
-NORM_EPS = 1e-5  # fla's and mamba_ssm's norm_eps
-
-
-class OutputLayer(nn.Module):
-    """The paper's layer between the mixer and the output projection, by the name its variant
-    declares (`output_layer`): each head's output o (B, H, N, d / H) normalised per head and,
-    where the paper's layer has one, gated by a gate made from the block's normed hidden
-    state x (B, N, d), the input of fla's and mamba_ssm's layers (and of `InputLayer`):
-
-    - "rms": RMSNorm per head with a weight. DeltaNet: fla's DeltaNet (use_gate=False, its
-      default). linear and performer: fla's LinearAttention (output_norm="rmsnorm", its
-      default); the elu+1 and FAVOR+ papers have no norm (docs/training.md says why it is
-      kept).
-    - "rms_swish": RMSNorm per head, times swish(W x), W without a bias (fla's
-      FusedRMSNormGated after its g_proj): GLA (fla's GatedLinearAttention, GLA Sec. 4.4's
-      output gate) and Gated DeltaNet (fla's GatedDeltaNet, use_gate=True, its default).
-    - "group_swish": GroupNorm with a group per head (each head's output standardised, a
-      weight and bias per channel), times swish(W x): RetNet's MSR(X) = (swish(X W_G) *
-      GroupNorm_h(Y)) W_O (Sun et al. 2023, Sec. 2.2). fla's MultiScaleRetention has an
-      RMSNorm there instead.
-    - "swish_rms": RMSNorm per head of o * swish(W x), the gate before the norm: Mamba2's
-      RMSNormGated(norm_before_gate=False) on y and z (mamba_ssm's and fla's Mamba2), z = W x.
-      mamba_ssm normalises in groups of d_inner / ngroups, the groups of B and C; here k
-      and q are per head, so a group is a head.
-    - "rms_sigmoid": RMSNorm per head, times sigmoid(W2 W1 x + b), W1 of rank d / H: KDA
-      (fla's KimiDeltaAttention g_proj and its o_norm with activation "sigmoid").
-
-    forward(o, x) -> (B, N, d), the heads merged for the output projection."""
-
-    KINDS = ("rms", "rms_swish", "group_swish", "swish_rms", "rms_sigmoid")
-
-    def __init__(self, kind: str, d_model: int, heads: int):
-        super().__init__()
-        if kind not in self.KINDS:
-            raise ValueError(f"the recall model has no output layer {kind!r} "
-                             f"(it has {', '.join(self.KINDS)})")
-        self.kind, dh = kind, d_model // heads
-        self.norm = (nn.GroupNorm(heads, d_model, eps=NORM_EPS) if kind == "group_swish"
-                     else nn.RMSNorm(dh, eps=NORM_EPS))
-        self.gate = None
-        if kind == "rms_sigmoid":
-            self.gate = nn.Sequential(nn.Linear(d_model, dh, bias=False), nn.Linear(dh, d_model))
-        elif kind != "rms":
-            self.gate = nn.Linear(d_model, d_model, bias=False)
-
-    def forward(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        B, H, N, dh = o.shape
-        o = o.transpose(1, 2)  # (B, N, H, d / H)
-        g = None if self.gate is None else self.gate(x).view(B, N, H, dh)
-        if self.kind == "swish_rms":
-            return self.norm(o * F.silu(g)).reshape(B, N, H * dh)
-        if self.kind == "group_swish":  # GroupNorm takes channels second: (B N, d)
-            y = self.norm(o.reshape(B * N, H * dh)).view(B, N, H, dh)
-        else:
-            y = self.norm(o)
-        if g is not None:
-            y = y * (torch.sigmoid(g) if self.kind == "rms_sigmoid" else F.silu(g))
-        return y.reshape(B, N, H * dh)
 
 
 class Block(nn.Module):

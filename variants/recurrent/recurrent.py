@@ -48,7 +48,7 @@ class Recurrent(RecurrentDecoding, Variant):
     err_ref = "recurrence"
     delta = False  # L2-normalises q and k (the delta rule's papers do)
     # The paper's layer between the mixer and the output projection (a per-head norm, an
-    # output gate), which a trained model builds around it: harness.train.model.OutputLayer.
+    # output gate), which a trained model builds around it: harness.train.output_layer.
     output_layer = ""
 
     def _terms(self, q, k, v, inputs) -> tuple:
