@@ -2,6 +2,8 @@
 and fla's layer have it: each head's output normalised, and gated where the paper's layer
 gates it (`OutputLayer`). Which one a mixer gets, its variant declares (`output_layer`);
 the matrix's `output_layer = "none"` builds none (the block as it was before these layers).
+Read against fla's layers (fla-org/flash-linear-attention at bc3b101, fla/layers/*.py) and
+mamba_ssm's Mamba2; docs/training.md tabulates them.
 """
 
 from __future__ import annotations
