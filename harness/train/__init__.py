@@ -8,6 +8,7 @@ mixer, a tied head) is trained per configuration on a synthetic task, into train
     text_windows.py  a split's training windows and its evaluation tiling
     text_metrics.py  bits per byte, unigram and bigram floors, recall hits
     model.py    the small model around a variant
+    output_layer.py  the papers' norm and gate after a mixer, before the output projection
     trainer.py  one training run: AdamW, warm-up then cosine decay, early stop, settling,
                 accuracy; a run paused and continued (the race)
     race.py     the race of learning rates: successive halving over continued runs

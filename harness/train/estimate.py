@@ -120,7 +120,7 @@ def probe_key(config: TrainConfig) -> tuple:
     """What a step's cost depends on: the model, its batch, device and threads."""
     return (config.task, config.task_params, config.variant, config.params, config.seq_len,
             config.vocab_size, config.causal, config.d_model, config.layers, config.heads,
-            config.mlp, config.batch, config.device, config.threads)
+            config.mlp, config.output_layer, config.batch, config.device, config.threads)
 
 
 def probe_all(configs: list[TrainConfig], log_path: Path, workers: int = 1

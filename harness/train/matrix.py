@@ -35,6 +35,8 @@ product, and the union (first occurrence of each configuration wins) is the run.
     threads = 0                 # torch threads in the worker; 0: all cores
     timeout_s = 300             # per learning rate, wall clock; the worker is killed after it
     mem_limit_mib = 0           # worker address-space cap above its baseline; 0: MemAvailable*0.9
+    output_layer = "paper"      # after each mixer, its paper's norm and gate (harness.train.
+                                #   output_layer); "none": the bare block, as before
     workers = 1                 # top level only: configurations trained at once (serial run)
 
 A top-level `modules = [...]` imports variant modules first, as in the benchmark matrix.
@@ -55,6 +57,7 @@ from harness.errors import UsageError
 from harness.measure import stack
 from harness.measure.matrix import narrow_variants, read_toml, resolve_variants
 from harness.train import tasks
+from harness.train.output_layer import OUTPUT_LAYERS
 
 # key -> (default, kind). "list:" keys take a value or a list and are product axes.
 _KEYS: dict[str, tuple[object, str]] = {
@@ -68,7 +71,7 @@ _KEYS: dict[str, tuple[object, str]] = {
     "race_steps": (0, "int0"),
     "train_examples": (20000, "int"), "test_examples": (500, "int"), "seed": ([0], "seeds"),
     "device": ("cpu", "device"), "threads": (0, "int0"), "timeout_s": (300.0, "float"),
-    "mem_limit_mib": (0, "int0"),
+    "mem_limit_mib": (0, "int0"), "output_layer": ("paper", "output_layer"),
 }
 DEVICES = ("cpu", "cuda")
 _BENCHMARK_ONLY = {"passes", "inputs", "dtypes", "devices", "head_dim", "min_run_time_s"}
@@ -78,6 +81,9 @@ KEY_FIELDS = ("task", "task_params", "variant", "params", "seq_len", "vocab_size
               "d_model", "layers", "heads", "mlp", "lrs", "batch", "max_steps", "warmup",
               "weight_decay", "eval_every", "early_stop", "train_examples", "test_examples",
               "seed", "device", "seeds", "settle_window", "settle_margin", "race_steps")
+# Fields in a configuration's id only when not their default: the ids of configurations
+# from before them stay what they were.
+LATER_KEY_FIELDS = {"output_layer": "paper"}
 # A cell: the configuration but for its seed (the report's median and range are over it).
 CELL_FIELDS = tuple(f for f in KEY_FIELDS if f != "seed")
 
@@ -113,6 +119,7 @@ class TrainConfig:
     settle_window: int = 1000
     settle_margin: float = 0.02
     race_steps: int = 0
+    output_layer: str = "paper"
 
     def __post_init__(self):
         if not self.seeds:
@@ -120,13 +127,17 @@ class TrainConfig:
 
     @property
     def config_id(self) -> str:
-        key = {f: getattr(self, f) for f in KEY_FIELDS}
-        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return self._hash(KEY_FIELDS)
 
     @property
     def cell_id(self) -> str:
         """The id of the configuration's cell: every seed of it shares it."""
-        key = {f: getattr(self, f) for f in CELL_FIELDS}
+        return self._hash(CELL_FIELDS)
+
+    def _hash(self, fields) -> str:
+        key = {f: getattr(self, f) for f in fields}
+        key.update({f: getattr(self, f) for f, default in LATER_KEY_FIELDS.items()
+                    if getattr(self, f) != default})
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -236,6 +247,10 @@ def _check(table: dict, where: str, errors: list[str], task_keys: dict) -> dict:
             value = float(value)
         elif kind == "device" and value not in DEVICES:
             errors.append(f"{where}: device must be one of {', '.join(DEVICES)}, got {value!r}")
+            continue
+        elif kind == "output_layer" and value not in OUTPUT_LAYERS:
+            errors.append(f"{where}: output_layer must be one of {', '.join(OUTPUT_LAYERS)}, "
+                          f"got {value!r}")
             continue
         elif kind == "params" and not isinstance(value, dict):
             errors.append(f"{where}: 'params' must be a table name -> list of settings")
@@ -350,7 +365,9 @@ def expand(matrix: dict, errors: list[str] | None = None) -> list[TrainConfig]:
                                 g["early_stop"], g["train_examples"], g["test_examples"],
                                 seed, g["device"], g["threads"] or os.cpu_count() or 1,
                                 float(g["timeout_s"]), g["mem_limit_mib"], tuple(g["seed"]),
-                                g["settle_window"], g["settle_margin"], g["race_steps"])
+                                g["settle_window"], g["settle_margin"], g["race_steps"],
+                                # a matrix stored before the key (the bare block) keeps its ids
+                                output_layer=g.get("output_layer", "paper"))
                 out.setdefault(c.config_id, c)
     if errors is None and collect:
         raise UsageError("; ".join(dict.fromkeys(collect)))

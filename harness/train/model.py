@@ -11,7 +11,8 @@ the query against it), where attention alone needs two layers and many more step
     per layer:
       h = h + conv(h)                                      # causal depthwise, kernel 3
       q, k, v = split(W_qkv norm(h))                       # each (B, H, N, d / H)
-      h = h + W_o merge(variant(q, k, v, causal))          # the variant under test
+      o = variant(q, k, v, causal)                         # the variant under test
+      h = h + W_o out(o, norm(h))                          # each head normed (and gated)
       h = h + mlp(norm(h))                                 # when the preset says so
     logits = norm(h) @ embedding.weight^T                  # tied head, (B, N, vocab)
 
@@ -26,7 +27,9 @@ same dt (v dt, as SSD writes dt_t B_t^T x_t); Gated DeltaNet's gate of the same 
 A ~ U(0, 16), as fla's layer draws it; Kimi Delta Attention's g per channel =
 -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank d / H, A_log per head and dt_bias per
 channel as in fla's KimiDeltaAttention layer. `InputLayer` says where each differs from
-its paper's layer.
+its paper's layer. After the mixer, the layer its paper has there (`OutputLayer`: a norm
+of each head's output, and an output gate from the same x where the paper has one);
+none after softmax attention, whose papers' block has none.
 Parameters are initialised as Zoology's model does (normal, std 0.02; output projections
 scaled by 1 / sqrt(2 layers)) except the q, k, v projection: std d_model^-1/2, so that the
 first scores are O(1) and attention is not uniform from the start. Measured here (sdpa,
@@ -44,6 +47,7 @@ from torch import nn
 
 import variants
 from harness.measure import stack
+from harness.train.output_layer import OUTPUT_LAYERS, OutputLayer
 
 CONV_KERNEL = 3
 
@@ -78,22 +82,19 @@ class InputLayer(nn.Module):
     - "sigmoid", beta = sigmoid(W x) (DeltaNet, Gated DeltaNet, KDA; fla's b_proj). Differs:
       W has a bias (zero at initialisation), and beta is kept inside (0, 1) in float32.
     - "gla_gate", g = logsigmoid(W2 W1 x + b) / 16, W1 of rank 16 (fla's
-      GatedLinearAttention gk_proj, GLA Sec. 4.4). Differs: no output gate or norm after
-      the mixer (the model's block has none for any mixer).
+      GatedLinearAttention gk_proj, GLA Sec. 4.4).
     - "mamba2_decay", Mamba2's SSD (Dao & Gu 2024; mamba_ssm's Mamba2): dt =
       softplus(W x + dt_bias) per head, the decay g = -exp(A_log) dt, and the write scaled
       by the same dt: the mixer gets v dt (ssd_minimal_discrete(X * dt, A * dt, B, C), with
       C = q, B = k, X = v). A ~ U(1, 16), dt ~ logU(1e-3, 1e-1) at initialisation. Differs:
-      no D skip (y + D x), no z gate and norm, the model's short convolution before the
-      projections instead of Mamba2's kernel-4 convolution of x, B, C and its SiLU.
+      no D skip (y + D x), the model's short convolution before the projections instead
+      of Mamba2's kernel-4 convolution of x, B, C and its SiLU.
     - "gdn_decay", Gated DeltaNet's gate (fla's GatedDeltaNet a_proj): g = -exp(A_log)
       softplus(W x + dt_bias) per head, A ~ U(0, 16), dt ~ logU(1e-3, 1e-1). Differs: fla
-      floors dt at 1e-4 (below dt_min: never binds), and its output gate and norm are not
-      part of the model.
+      floors dt at 1e-4 (below dt_min: never binds).
     - "kda_gate", Kimi Delta Attention's gate (fla's KimiDeltaAttention f_proj): g per
       channel = -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank d / H, A_log per head
-      (A ~ U(1, 16)), dt_bias per channel (dt ~ logU(1e-3, 1e-1)). Differs: no output gate
-      or norm.
+      (A ~ U(1, 16)), dt_bias per channel (dt ~ logU(1e-3, 1e-1)).
 
     forward(x) -> (the input in its declared shape, the factor (B, H, N, 1) the layer
     scales the mixer's v by, or None)."""
@@ -117,6 +118,8 @@ class InputLayer(nn.Module):
                 math.log(lo), math.log(hi)))
             self.A_log = nn.Parameter(A.log())
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+            # A decay's parameters, out of AdamW's weight decay (RecallModel.param_groups).
+            self.A_log._no_weight_decay = self.dt_bias._no_weight_decay = True
         else:
             raise ValueError(f"the recall model has no layer for input {spec.name!r} "
                              f"(layer {spec.layer!r})")
@@ -142,7 +145,8 @@ class InputLayer(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, heads: int, mixer: nn.Module, causal: bool, mlp: bool):
+    def __init__(self, d_model: int, heads: int, mixer: nn.Module, causal: bool, mlp: bool,
+                 output_layer: str = "paper"):
         super().__init__()
         self.heads, self.causal = heads, causal
         self.conv = ShortConv(d_model)
@@ -152,6 +156,10 @@ class Block(nn.Module):
         self._checked = set()  # the call signatures `_mix` has checked
         self.inputs = nn.ModuleDict({s.name: InputLayer(s, d_model, heads)
                                      for s in getattr(mixer, "inputs", ())})
+        # The variant's declared output layer (none for softmax: the papers' transformer
+        # block has no norm after attention), unless the matrix asks for today's bare block.
+        kind = getattr(mixer, "output_layer", "") if output_layer == "paper" else ""
+        self.output = OutputLayer(kind, d_model, heads) if kind else None
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
         self.mlp = None
         if mlp:
@@ -188,7 +196,8 @@ class Block(nn.Module):
             if scale is not None:  # Mamba2's write dt_t B_t^T x_t: v scaled by dt
                 v = v * scale
         o = self._mix(q, k, v, extra)  # (B, H, N, d / H)
-        h = h + self.out_proj(o.transpose(1, 2).reshape(B, N, d))
+        o = o.transpose(1, 2).reshape(B, N, d) if self.output is None else self.output(o, x)
+        h = h + self.out_proj(o)
         if self.mlp is not None:
             h = h + self.mlp(self.norm_mlp(h))
         return h
@@ -198,10 +207,13 @@ class RecallModel(nn.Module):
     """Embedding, `layers` blocks around a registered variant, a tied head; (B, N) -> logits."""
 
     def __init__(self, variant: str, params: dict, *, vocab_size: int, d_model: int,
-                 layers: int, heads: int, causal: bool, mlp: bool):
+                 layers: int, heads: int, causal: bool, mlp: bool, output_layer: str = "paper"):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model={d_model} is not a multiple of heads={heads}")
+        if output_layer not in OUTPUT_LAYERS:
+            raise ValueError(f"output_layer must be one of {', '.join(OUTPUT_LAYERS)}, "
+                             f"got {output_layer!r}")
         self.embedding = nn.Embedding(vocab_size, d_model)
         # One variant module per layer: its own seeded state (features, projections) each.
         # A layer pattern ("gated_deltanet*3+sdpa") names each layer's mixer; its params map
@@ -209,7 +221,8 @@ class RecallModel(nn.Module):
         per_layer = stack.layers_of(variant, layers)
         mixer_params = params if stack.is_pattern(variant) else {variant: params}
         self.blocks = nn.ModuleList(
-            Block(d_model, heads, variants.build(name, **mixer_params.get(name, {})), causal, mlp)
+            Block(d_model, heads, variants.build(name, **mixer_params.get(name, {})), causal, mlp,
+                  output_layer)
             for name in per_layer)
         self.norm_out = nn.LayerNorm(d_model)
         self._init(layers)
@@ -236,6 +249,16 @@ class RecallModel(nn.Module):
         if where is not None:
             h = h[where]  # (M, d)
         return F.linear(self.norm_out(h), self.embedding.weight)  # tied head
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW's groups: every parameter decayed but those marked `_no_weight_decay` (the
+        decay layers' A_log and dt_bias: fla's and mamba_ssm's convention), in the order
+        of `parameters()`."""
+        params = list(self.parameters())
+        keep = [p for p in params if getattr(p, "_no_weight_decay", False)]
+        return [{"params": [p for p in params if not getattr(p, "_no_weight_decay", False)],
+                 "weight_decay": weight_decay},
+                {"params": keep, "weight_decay": 0.0}]
 
     def n_params(self) -> int:
         """Trainable parameters (the tied head counted once)."""

@@ -1,6 +1,6 @@
 """One training run: a configuration at one learning rate, from data to held-out accuracy.
 
-AdamW (weight decay as configured, applied to every parameter as Zoology does), a linear
+AdamW (weight decay as configured, on every parameter but A_log and dt_bias), a linear
 warm-up over `warmup` x max_steps steps then cosine decay to 0 at max_steps, batches drawn
 in shuffled epochs of a fixed training set, the held-out set scored every `eval_every` steps
 and at the end. A run stops once held-out accuracy reaches `early_stop`, or once it has
@@ -76,7 +76,7 @@ def build_model(config: TrainConfig) -> RecallModel:
     torch.manual_seed(config.seed)
     return RecallModel(config.variant, config.param_dict, vocab_size=config.vocab_size,
                        d_model=config.d_model, layers=config.layers, heads=config.heads,
-                       causal=config.causal, mlp=config.mlp)
+                       causal=config.causal, mlp=config.mlp, output_layer=config.output_layer)
 
 
 def schedule(step: int, max_steps: int, warmup: float) -> float:
@@ -179,8 +179,7 @@ class Run:
         (train_x, train_y), (self.test_x, self.test_y) = datasets(config)
         self.train_x, self.train_y = train_x.to(device), train_y.to(device)  # once
         self.model = build_model(config).to(device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr,
-                                     weight_decay=config.weight_decay)
+        self.opt = torch.optim.AdamW(self.model.param_groups(config.weight_decay), lr=lr)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: schedule(s, config.max_steps, config.warmup))
         self.order = torch.Generator().manual_seed(config.seed)

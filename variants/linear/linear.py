@@ -224,6 +224,7 @@ class Linear(_KernelDecoding, Variant):
     """elu(x)+1 feature-map linear attention, O(N D^2); causal by chunked prefix sums."""
     name = "linear"
     family = "linear"
+    output_layer = "rms"  # fla's LinearAttention (docs/training.md)
     Params = LinearParams
     paper = "https://arxiv.org/abs/2006.16236"
 
@@ -291,6 +292,7 @@ class Performer(_KernelDecoding, Variant):
     """FAVOR+ positive (orthogonal) random features for the softmax kernel; causal by chunked prefix sums."""
     name = "performer"
     family = "linear"
+    output_layer = "rms"  # fla's LinearAttention (docs/training.md)
     Params = PerformerParams
     paper = "https://arxiv.org/abs/2009.14794"
 

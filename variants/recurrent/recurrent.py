@@ -47,6 +47,9 @@ class Recurrent(RecurrentDecoding, Variant):
     causal_only = CAUSAL_ONLY
     err_ref = "recurrence"
     delta = False  # L2-normalises q and k (the delta rule's papers do)
+    # The paper's layer between the mixer and the output projection (a per-head norm, an
+    # output gate), which a trained model builds around it: harness.train.output_layer.
+    output_layer = ""
 
     def _terms(self, q, k, v, inputs) -> tuple:
         """(q, k, v, g, beta) as the recurrence takes them, in q's dtype."""
@@ -123,6 +126,7 @@ def _linear_flops(N, C, D):
 class Retention(Recurrent):
     """RetNet's retention: S_t = γ_h S_{t-1} + k_t^T v_t, γ_h = 1 - 2^(-5-h); o_t = s q_t S_t."""
     name = "retention"
+    output_layer = "group_swish"
     Params = ChunkParams
     paper = "https://arxiv.org/abs/2307.08621"
     per_head_schedule = True  # head h decays by its own γ_h: heads are not interchangeable
@@ -159,6 +163,7 @@ def _head_log_decay(H: int, dtype: torch.dtype, device: torch.device) -> torch.T
 class GLA(Recurrent):
     """Gated linear attention: S_t = Diag(exp g_t) S_{t-1} + k_t^T v_t; g (B, H, N, D) <= 0."""
     name = "gla"
+    output_layer = "rms_swish"
     Params = GLAParams
     paper = "https://arxiv.org/abs/2312.06635"
     inputs = (GATE_CHANNEL,)
@@ -180,6 +185,7 @@ class GLA(Recurrent):
 class Mamba2(Recurrent):
     """Mamba2's SSD core: S_t = exp(g_t) S_{t-1} + k_t^T v_t with g (B, H, N) <= 0."""
     name = "mamba2"
+    output_layer = "swish_rms"
     Params = ChunkParams
     paper = "https://arxiv.org/abs/2405.21060"
     inputs = (GATE_HEAD,)
@@ -205,6 +211,7 @@ def _delta_flops(N, C, D):
 class DeltaNet(Recurrent):
     """DeltaNet: S_t = (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t, q and k L2-normalised."""
     name = "deltanet"
+    output_layer = "rms"
     Params = ChunkParams
     paper = "https://arxiv.org/abs/2406.06484"
     inputs = (BETA,)
@@ -224,6 +231,7 @@ class DeltaNet(Recurrent):
 class GatedDeltaNet(Recurrent):
     """Gated DeltaNet: S_t = exp(g_t) (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t."""
     name = "gated_deltanet"
+    output_layer = "rms_swish"
     Params = ChunkParams
     paper = "https://arxiv.org/abs/2412.06464"
     inputs = (GATE_GDN, BETA)
@@ -243,6 +251,7 @@ class GatedDeltaNet(Recurrent):
 class KimiDeltaAttention(Recurrent):
     """Kimi Delta Attention: S_t = (I - β_t k_t^T k_t) Diag(exp g_t) S_{t-1} + β_t k_t^T v_t."""
     name = "kda"
+    output_layer = "rms_sigmoid"
     Params = GLAParams
     paper = "https://arxiv.org/abs/2510.26692"
     inputs = (GATE_KDA, BETA)
