@@ -81,9 +81,11 @@ KEY_FIELDS = ("task", "task_params", "variant", "params", "seq_len", "vocab_size
               "d_model", "layers", "heads", "mlp", "lrs", "batch", "max_steps", "warmup",
               "weight_decay", "eval_every", "early_stop", "train_examples", "test_examples",
               "seed", "device", "seeds", "settle_window", "settle_margin", "race_steps")
-# Fields in a configuration's id only when not their default: the ids of configurations
-# from before them stay what they were.
-LATER_KEY_FIELDS = {"output_layer": "paper"}
+# Fields added after the first folders, in a configuration's id only when not the value
+# those folders trained with (the bare block): their ids stay what they were, and a
+# configuration of today's default gets an id of its own, so resuming an old folder
+# never counts a bare-block row as a run of the papers' layers.
+LATER_KEY_FIELDS = {"output_layer": "none"}
 # A cell: the configuration but for its seed (the report's median and range are over it).
 CELL_FIELDS = tuple(f for f in KEY_FIELDS if f != "seed")
 
@@ -177,7 +179,8 @@ class TrainConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> "TrainConfig":
-        return cls(**{**d, "lrs": tuple(d["lrs"]), "seeds": tuple(d.get("seeds") or ())})
+        return cls(**{"output_layer": "none", **d, "lrs": tuple(d["lrs"]),  # none: stored
+                      "seeds": tuple(d.get("seeds") or ())})               # before the key
 
 
 def _task_keys(task_names) -> dict[str, object]:
@@ -366,8 +369,8 @@ def expand(matrix: dict, errors: list[str] | None = None) -> list[TrainConfig]:
                                 seed, g["device"], g["threads"] or os.cpu_count() or 1,
                                 float(g["timeout_s"]), g["mem_limit_mib"], tuple(g["seed"]),
                                 g["settle_window"], g["settle_margin"], g["race_steps"],
-                                # a matrix stored before the key (the bare block) keeps its ids
-                                output_layer=g.get("output_layer", "paper"))
+                                # a matrix stored before the key trained the bare block
+                                output_layer=g.get("output_layer", "none"))
                 out.setdefault(c.config_id, c)
     if errors is None and collect:
         raise UsageError("; ".join(dict.fromkeys(collect)))
