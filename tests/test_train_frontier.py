@@ -107,9 +107,9 @@ def test_a_run_reports_rising_from_its_own_history(monkeypatch):
     """A real (tiny) run whose evaluations are scripted: rising, then a flat one."""
     cfg = dataclasses.replace(_config(layers=1, heads=1, d_model=16), max_steps=20,
                               eval_every=5)
-    _scripted(monkeypatch, [0.1, 0.2, 0.3, 0.6])
+    _scripted(monkeypatch, [0.1, 0.2, 0.3, 0.6, 0.6])  # the last: the test set's
     assert trainer.train(cfg, 1e-3)["rising"] is True
-    _scripted(monkeypatch, [0.5, 0.6, 0.6, 0.6])
+    _scripted(monkeypatch, [0.5, 0.6, 0.6, 0.6, 0.6])
     assert trainer.train(cfg, 1e-3)["rising"] is False
 
 

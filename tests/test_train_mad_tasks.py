@@ -173,7 +173,7 @@ def _config(task, N, V, p, *, variant="sdpa", vparams=None, layers=2, seed=0,
 def test_train_and_held_out_sets_are_disjoint(task, N, V, p):
     from harness.train.trainer import datasets
 
-    (xtr, _), (xte, yte) = datasets(_config(task, N, V, p, train_examples=3000,
+    (xtr, _), _, (xte, yte) = datasets(_config(task, N, V, p, train_examples=3000,
                                             test_examples=500))
     train_rows = {tuple(r) for r in xtr.tolist()}
     assert len(xte) == len(yte) == 500
@@ -181,7 +181,7 @@ def test_train_and_held_out_sets_are_disjoint(task, N, V, p):
     from harness.train import trainer
 
     trainer._DATA.clear()  # drawn again, not the cached sets
-    (xte2, _) = datasets(_config(task, N, V, p, train_examples=3000, test_examples=500))[1]
+    (xte2, _) = datasets(_config(task, N, V, p, train_examples=3000, test_examples=500))[2]
     assert torch.equal(xte, xte2)
 
 
@@ -306,7 +306,7 @@ def test_sdpa_learns_each_task_and_a_blind_window_does_not(task, N, V, p):
 
     blind = train(_config(task, N, V, p, variant="sliding_window", vparams={"window": 1},
                           layers=1, max_steps=200), 3e-3)
-    _, (x, y) = datasets(_config(task, N, V, p))
+    *_, (x, y) = datasets(_config(task, N, V, p))
     at = tasks.get(task).answer_at(x, y, **p)
     rows, cols = (at >= 0).nonzero(as_tuple=True)
     near = float((cols - at[rows, cols] <= 3).float().mean())

@@ -72,7 +72,7 @@ class _Oracle(torch.nn.Module):
 def test_accuracy_is_the_share_of_scored_positions_predicted_right():
     """600 examples (three evaluation batches), every 4th predicted wrong: 3/4 of the
     scored positions, whatever the unscored ones hold."""
-    (_, _), (x, y) = trainer.datasets(_config())
+    *_, (x, y) = trainer.datasets(_config())
     x, y = torch.cat([x] * 15), torch.cat([y] * 15)  # 600 rows
     x[:, -1] = torch.arange(600) + 100  # rows distinct (the last position is never scored)
     wrong = range(0, 600, 4)
@@ -98,19 +98,29 @@ def _scripted(monkeypatch, accuracies):
 
 def test_a_run_reports_its_best_evaluation_and_its_first_at_0_9(monkeypatch):
     """Evaluations at steps 5, 10, ..., 30 read 0.3, 0.92, 0.85, 0.97, 0.96, 0.5: the best
-    is 0.97 at step 20, 0.9 was first reached at step 10; no early stop (0.99)."""
-    seen = _scripted(monkeypatch, [0.3, 0.92, 0.85, 0.97, 0.96, 0.5])
+    is 0.97 at step 20, 0.9 was first reached at step 10; no early stop (0.99). Once the
+    run has ended, the test set is scored once (0.95), at the weights of step 20."""
+    seen = _scripted(monkeypatch, [0.3, 0.92, 0.85, 0.97, 0.96, 0.5, 0.95])
+    kept = []
+    load = trainer.RecallModel.load_state_dict
+    monkeypatch.setattr(trainer.RecallModel, "load_state_dict",
+                        lambda self, sd: kept.append(sd) or load(self, sd))
     r = trainer.train(_config(), 1e-2)
     assert r["status"] == "ok", r
     assert r["history"] == [[5, 0.3], [10, 0.92], [15, 0.85], [20, 0.97], [25, 0.96], [30, 0.5]]
     assert r["accuracy"] == 0.97 and r["steps"] == 20 and r["steps_to_0_9"] == 10
-    assert r["steps_run"] == 30
-    # every evaluation was on the held-out set, never on the training set
-    (train_x, _), (test_x, test_y) = trainer.datasets(_config())
-    assert len(seen) == 6
-    for inputs, labels in seen:
-        assert torch.equal(inputs, test_x) and torch.equal(labels, test_y)
+    assert r["steps_run"] == 30 and r["test_accuracy"] == 0.95
+    # every evaluation was on the validation set, then one on the test set; never on the
+    # training set
+    (train_x, _), (val_x, val_y), (test_x, test_y) = trainer.datasets(_config())
+    assert len(seen) == 7
+    for inputs, labels in seen[:6]:
+        assert torch.equal(inputs, val_x) and torch.equal(labels, val_y)
         assert not torch.equal(inputs[:len(train_x)], train_x[:len(inputs)])
+    assert torch.equal(seen[6][0], test_x) and torch.equal(seen[6][1], test_y)
+    # the test set was scored at the weights the best validation (step 20) kept
+    assert len(kept) == 1 and not all(
+        torch.equal(kept[0][k], v) for k, v in trainer.build_model(_config()).state_dict().items())
 
 
 def test_exactly_0_9_counts_and_the_run_stops_at_early_stop(monkeypatch):
@@ -122,7 +132,7 @@ def test_exactly_0_9_counts_and_the_run_stops_at_early_stop(monkeypatch):
 
 def test_never_reaching_0_9_is_none_and_the_last_step_is_evaluated(monkeypatch):
     """max_steps = 27, eval_every = 5: evaluations at 5, ..., 25 and at step 27."""
-    _scripted(monkeypatch, [0.1, 0.2, 0.3, 0.4, 0.89, 0.6])
+    _scripted(monkeypatch, [0.1, 0.2, 0.3, 0.4, 0.89, 0.6, 0.8])  # the last: the test
     r = trainer.train(_config(max_steps=27), 1e-2)
     assert r["steps_to_0_9"] is None and r["accuracy"] == 0.89 and r["steps"] == 25
     assert [s for s, _ in r["history"]] == [5, 10, 15, 20, 25, 27]
@@ -174,7 +184,7 @@ def test_the_held_out_set_is_an_independent_draw():
     cfg = dataclasses.replace(_config(), task_params=json.dumps(
         {"num_kv_pairs": 8, "power_a": 0.01, "random_non_queries": False}, sort_keys=True),
         seq_len=64, vocab_size=64, train_examples=500, test_examples=200)
-    (train_x, _), (test_x, test_y) = trainer.datasets(cfg)
+    (train_x, _), _, (test_x, test_y) = trainer.datasets(cfg)
     train_keys = {tuple(r) for r in train_x[:, 0:16:2].tolist()}
     assert not any(tuple(r) in train_keys for r in test_x[:, 0:16:2].tolist())
     want_x, want_y = tasks.mqar(200, 64, 64, 8, seed=2 * cfg.seed + 1)

@@ -47,6 +47,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (configurations, declared skips, a time estimate from "
                         "step costs probed here) and train nothing")
+    p.add_argument("--extend-to", default=None, metavar="STEPS",
+                   help="continue the not_learned and partial rows of the folder --run-id "
+                        "to a cap of STEPS, each from its winning run's checkpoint from "
+                        "before its decay (rows updated in place, the old ones appended to "
+                        "train_history.csv); the folder's own matrix, serially")
     p.add_argument("--variants", help="comma-separated variant names to keep")
     p.add_argument("--task", help="comma-separated task names to keep (harness.train.tasks: "
                                   "mqar, selective_copying, noisy_recall, fuzzy_recall, ...)")
@@ -121,8 +126,8 @@ def plan(configs: list[tm.TrainConfig], n_shards: int = 1, workers: int = 1) -> 
           f"declared unsupported; {len(configs) - skipped} to train; estimate {on(total)}, "
           f"at step costs probed here ({estimate.PROBE_STEPS} steps per model) and the "
           f"share of the planned steps the reference runs trained "
-          f"(harness/train/stops.json); at most {on(most)} if no run stops early "
-          f"(every rung of the race, every later seed to max_steps)"
+          f"(harness/train/stops.json); at most {on(most)} if no run stops early and "
+          f"the race cuts nothing (every rate, and one beyond the grid's edge, to max_steps)"
           f"{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''}")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
@@ -185,8 +190,32 @@ def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | Non
     return store.folder
 
 
+def extend_command(args) -> int:
+    """`train --extend-to STEPS --run-id ID`: the folder's rows trained on, then its
+    report."""
+    from harness.train import extend
+
+    steps = _parse(args.extend_to, int, "extend-to")
+    if args.config or args.preset or args.variants or getattr(args, "task", None):
+        raise UsageError("--extend-to continues the folder's own matrix: give --run-id "
+                         "(and --results-dir), not --preset, --config, --variants or --task")
+    if not args.run_id:
+        raise UsageError("--extend-to needs --run-id: the folder whose rows to continue")
+    if executors.settings_from(args, None).kind != "serial":
+        raise UsageError("--extend-to runs serially here: drop --executor")
+    folder = Path(args.results_dir) / args.run_id
+    counts = extend.extend(folder, steps)
+    print(f"extended {sum(counts.values())} row(s) to {steps} steps"
+          + "".join(f", {o}: {n}" for o, n in counts.items()) + f" -> {folder}")
+    from harness.cli.report import report_dir
+
+    return report_dir(folder) if counts else 0
+
+
 def train_command(args) -> int:
     import_extra()  # variants registered outside the package (ATTNBENCH_EXTRA_MODULES)
+    if getattr(args, "extend_to", None) is not None:
+        return extend_command(args)
     source = args.config or args.preset or DEFAULT_PRESET
     settings = executors.settings_from(args, read_toml(source).get("executor"))
     if settings.kind != "serial" and getattr(args, "workers", None) is not None:

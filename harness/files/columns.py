@@ -73,16 +73,23 @@ MODEL_COLUMNS = [
 # a fixed key pattern (windows, block layouts) in one layer, the share of held-out queries
 # whose answer it can see (its ceiling). seed is the row's (a cell trains over several, the
 # held-out set the first's); settled says whether the winning run reached early_stop or
-# settled (harness.train.trainer.settled), steps_run how many steps it ran.
+# settled (harness.train.trainer.settled), steps_run how many steps it ran. plateau is the
+# accuracy of a model that has learned the format and guesses among the context's
+# candidates (harness.train.outcome), outcome what the winning run did: learned, partial,
+# at_reach, not_learned or diverged (empty where nothing trained). accuracy is the test
+# set's, scored once at the winning run's kept checkpoint; val_accuracy that run's best on
+# the validation set, which picked the rate and stopped the run (older folders: one
+# held-out set did both, accuracy its best, val_accuracy empty).
 TRAIN_COLUMNS = [
     "config_id", "task", "task_params", "variant", "family", "params", "seq_len",
     "num_kv_pairs", "vocab_size", "causal", "d_model", "layers", "attention_layers", "mixer",
     "heads", "mlp", "batch",
-    "max_steps", "device", "status", "reason", "accuracy", "best_lr", "lrs", "lr_accuracy",
+    "max_steps", "device", "status", "reason", "accuracy", "val_accuracy", "best_lr", "lrs",
+    "lr_accuracy",
     "lr_at_edge", "rising", "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s",
-    "final_loss", "n_params", "state_size", "state_bytes", "chance", "reach", "seed",
-    "settled", "steps_run", "threads"]
+    "final_loss", "n_params", "state_size", "state_bytes", "chance", "plateau", "reach",
+    "seed", "settled", "outcome", "steps_run", "threads"]
 # Columns train.csv gained after its first release (issues 29, 34, 35): a report of an older
 # file reads them as empty (state_bytes from state_size).
 TRAIN_LATER_COLUMNS = ["lrs", "lr_at_edge", "rising", "state_bytes", "settled", "steps_run",
-                       "attention_layers", "mixer"]
+                       "attention_layers", "mixer", "plateau", "outcome", "val_accuracy"]

@@ -10,9 +10,13 @@ sweep (train.csv's `rising`, `lr_at_edge`).
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import pandas as pd
 
 SEED_SPREAD = 0.2  # a cell whose seeds' accuracies differ by more is seed-sensitive
+TIE = 0.02  # one seed each: closer than this is a tie (the margin's floor, train/outcome.py)
 TASK_SETTING = ["task", "task_params", "seq_len", "vocab_size", "causal"]
 # A cell: a trained row's configuration but for its seed.
 CELL = ["variant", "params", *TASK_SETTING, "num_kv_pairs", "d_model", "layers", "heads",
@@ -67,7 +71,9 @@ def cells(tr: pd.DataFrame) -> pd.DataFrame:
                      "lr_at_edge": _any(list(g["lr_at_edge"])),
                      "seed_sensitive": len(g) > 1  # beyond float rounding of the difference
                      and acc.max() - acc.min() > SEED_SPREAD + 1e-9,
-                     "step_ms": float(g["step_ms"].median())})
+                     "step_ms": float(g["step_ms"].median()),
+                     "steps_0_9": steps_median(g["steps_to_0_9"]),
+                     "budget": float(g["max_steps"].max())})
     order = {k: i for i, k in enumerate(ok["config_id"])}
     out = pd.DataFrame(rows).sort_values("config_id", key=lambda c: c.map(order),
                                          kind="stable").reset_index(drop=True)
@@ -77,10 +83,41 @@ def cells(tr: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def protocol(tr: pd.DataFrame) -> bool:
+    """Whether the rows carry an `outcome` (issue 49's protocol): the report's parts that
+    read it appear only then, so an older folder's report stays as it was."""
+    return "outcome" in tr and tr["outcome"].notna().any()
+
+
+def steps_median(values) -> float:
+    """The median over seeds of the steps to 0.9, a run that never reached it (empty)
+    counted as beyond any budget (inf): censored, not missing."""
+    return float(statistics.median([math.inf if pd.isna(v) else float(v) for v in values]))
+
+
+def steps_text(row) -> str:
+    """`350`, or `> 3000` where the median is censored (beyond the budget)."""
+    v = row["steps_0_9"]
+    return f"> {int(row['budget'])}" if math.isinf(v) else f"{int(v)}"
+
+
+def tied(best, rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose accuracy is inside `best`'s seeds' spread: their ranges over seeds
+    overlap (a cell of one seed: within TIE of the other's range). An answer names these
+    with its winner, not a winner among them."""
+    lo = rows["acc_min"] - (rows["seeds"] == 1) * TIE
+    hi = rows["acc_max"] + (rows["seeds"] == 1) * TIE
+    blo = best["acc_min"] - (best["seeds"] == 1) * TIE
+    bhi = best["acc_max"] + (best["seeds"] == 1) * TIE
+    return rows[(lo <= bhi) & (hi >= blo)]
+
+
 def answerable(cell_rows: pd.DataFrame) -> pd.DataFrame:
     """The cells an answer or an ordering may use: all but those known not to have
     settled (a file from before `settled` existed keeps every cell)."""
-    return cell_rows[[not known_false(v) for v in cell_rows["settled"]]]
+    keep = pd.Series([not known_false(v) for v in cell_rows["settled"]],
+                     index=cell_rows.index, dtype=bool)  # a mask even when empty: a bare
+    return cell_rows[keep]                                # [] would select no columns
 
 
 def range_text(row) -> str:
@@ -101,8 +138,10 @@ def footnote(rows: pd.DataFrame) -> list[tuple]:
     if unsettled:
         parts.append(f"{UNSETTLED}: not settled: a seed's winning run ended at its step cap "
                      "still gaining (it neither reached early_stop nor went a settling "
-                     "window without gain): drawn hollow, and kept out of the answers and "
-                     "orderings")
+                     "window without gain)" + (
+                         ", or still on its plateau (`not_learned`: censored, not a level)"
+                         if protocol(rows) else "") +
+                     ": drawn hollow, and kept out of the answers and orderings")
     if sensitive:
         parts.append(f"{SENSITIVE}: seed-sensitive: the cell's seeds differ by more than "
                      f"{SEED_SPREAD:g} in accuracy")

@@ -23,8 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness.report import trained_plots
-from harness.report.cells import (answerable, cells, footnote, known_false, marks,
-                                  range_text, unsettled_note)
+from harness.report.cells import (answerable, cells, footnote, known_false, marks, protocol,
+                                  range_text, steps_text, tied, unsettled_note)
 
 RECALL = 0.9
 _MODEL = {"d_model": "d", "layers": "L", "heads": "H"}
@@ -102,7 +102,12 @@ def smallest_state_table(tr: pd.DataFrame) -> pd.DataFrame:
                          "smallest state reaching 0.9": f"none reached 0.9 (best: {best})"})
             continue
         r = good.iloc[0]
-        rows.append({"task setting": s, "smallest state reaching 0.9": r["variant"],
+        name = r["variant"]
+        if protocol(tr):  # of equal states, no winner inside the seeds' spread
+            same = tied(r, good[good["state_bytes"] == r["state_bytes"]])
+            if len(same) > 1:
+                name = ", ".join(dict.fromkeys(same["variant"])) + " (tied)"
+        rows.append({"task setting": s, "smallest state reaching 0.9": name,
                      "size": r["size"] or "–", "state bytes": _bytes(r["state_bytes"]),
                      "accuracy": range_text(r)})
     return pd.DataFrame(rows)
@@ -114,13 +119,28 @@ def frontier_table(tr: pd.DataFrame, setting: str) -> pd.DataFrame:
     first seed's winning rate and the rates swept."""
     df = _frontier_rows(tr)
     g = df[df["task_setting"] == setting].sort_values(["variant", "state_bytes", "size"])
-    return pd.DataFrame({"variant": g["variant"], "size": g["size"].replace("", "–"),
-                         "state bytes": g["state_bytes"].map(_bytes),
-                         "accuracy (median [min–max])": [range_text(r)
-                                                         for _, r in g.iterrows()],
-                         "seeds": g["seeds"].map(str),
-                         "best lr": g["best_lr"].map(lambda v: f"{v:g}"),
-                         "lrs swept": g["lrs"].fillna("–")})
+    out = pd.DataFrame({"variant": g["variant"], "size": g["size"].replace("", "–"),
+                        "state bytes": g["state_bytes"].map(_bytes),
+                        "accuracy (median [min–max])": [range_text(r)
+                                                        for _, r in g.iterrows()],
+                        "seeds": g["seeds"].map(str),
+                        "best lr": g["best_lr"].map(lambda v: f"{v:g}"),
+                        "lrs swept": g["lrs"].fillna("–")})
+    if protocol(tr):
+        out["steps to 0.9 (median)"] = [steps_text(r) for _, r in g.iterrows()]
+        out["outcomes"] = [", ".join(sorted(set(tr.loc[_of_cell(tr, r), "outcome"].dropna())))
+                           for _, r in g.iterrows()]
+    return out
+
+
+def _of_cell(tr: pd.DataFrame, cell) -> pd.Series:
+    """The rows (every seed) of a cell."""
+    from harness.report.cells import CELL
+
+    keep = pd.Series(True, index=tr.index)
+    for c in CELL:
+        keep &= (tr[c] == cell[c]) | (tr[c].isna() & pd.isna(cell[c]))
+    return keep
 
 
 def frontier_blocks(tr: pd.DataFrame, pdir: Path) -> list[tuple]:
@@ -139,7 +159,11 @@ def frontier_blocks(tr: pd.DataFrame, pdir: Path) -> list[tuple]:
               "width), at each state its best accuracy: the median over the cell's seeds, a "
               "bar from the lowest seed to the highest; a hollow marker: the cell had not "
               "settled (its number ranks nothing). A variant is better where its line sits "
-              "higher at the same state."), *unsettled_note(tr)]
+              "higher at the same state." + (
+                  " With outcomes (issue 49), a second plot: the steps to 0.9 accuracy, the "
+                  "median over the cell's seeds, a run that never reached it counted beyond "
+                  "its budget (censored: drawn hollow at the budget, '> budget' in the "
+                  "table)." if protocol(tr) else "")), *unsettled_note(tr)]
     for s in task_settings(df):
         g = df[df["task_setting"] == s].assign(
             line=lambda d: d["variant"], hollow=lambda d: [
@@ -147,8 +171,11 @@ def frontier_blocks(tr: pd.DataFrame, pdir: Path) -> list[tuple]:
                                    and not pd.isna(r) and bool(r))
                 for v, r in zip(d["settled"], d["rising"])])
         blocks += [("img", trained_plots.frontier_plot(g, s, pdir / f"trained_frontier_{_slug(s)}.png",
-                                               RECALL), f"accuracy against state: {s}"),
-                   ("table", frontier_table(tr, s))]
+                                               RECALL), f"accuracy against state: {s}")]
+        if protocol(tr):
+            blocks.append(("img", trained_plots.steps_plot(
+                g, s, pdir / f"trained_steps_{_slug(s)}.png"), f"steps to 0.9 against state: {s}"))
+        blocks.append(("table", frontier_table(tr, s)))
     return blocks + footnote(df)
 
 

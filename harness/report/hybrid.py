@@ -25,7 +25,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness.report import frontier, trained_plots
-from harness.report.cells import answerable, cells, footnote, known_false, range_text
+from harness.report.cells import (answerable, cells, footnote, known_false, protocol,
+                                  range_text, tied)
 from harness.report.run import Run
 
 TITLE = "Recall against the share of attention layers"
@@ -101,9 +102,15 @@ def answer_table(c: pd.DataFrame) -> pd.DataFrame:
         row = {"task setting": s}
         if len(good):
             r = good.iloc[0]
+            name = r["variant"]
+            if protocol(c):  # of equal shares, no winner inside the seeds' spread
+                same = tied(r, good[(good["share"] == r["share"])
+                                    & (good["attention_layers"] == r["attention_layers"])])
+                if len(same) > 1:
+                    name = ", ".join(dict.fromkeys(same["variant"])) + " (tied)"
             row |= {"fewest attention layers reaching 0.9":
                     f"{int(r['attention_layers'])} of {int(r['layers'])}",
-                    "mixer": _mixer_name(r["mixer"], r), "variant": r["variant"],
+                    "mixer": _mixer_name(r["mixer"], r), "variant": name,
                     "accuracy": range_text(r)}
         elif len(g):
             b = g.loc[g["accuracy"].idxmax()]

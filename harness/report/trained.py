@@ -31,8 +31,8 @@ SETTING = ["task", "task_params", "seq_len", "num_kv_pairs", "vocab_size", "caus
 KEY = ["variant", "params", *SETTING, "seed"]
 _NUMERIC = ["seq_len", "vocab_size", "d_model", "layers", "heads", "accuracy", "best_lr",
             "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s", "final_loss",
-            "n_params", "state_size", "state_bytes", "chance", "reach", "num_kv_pairs",
-            "steps_run", "seed"]
+            "n_params", "state_size", "state_bytes", "chance", "plateau", "reach", "num_kv_pairs",
+            "steps_run", "seed", "val_accuracy"]
 
 
 def _bool(v) -> bool:

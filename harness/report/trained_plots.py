@@ -127,6 +127,43 @@ def frontier_plot(df: pd.DataFrame, title: str, path: Path, bar: float = 0.9) ->
     return save(fig, path)
 
 
+def steps_plot(df: pd.DataFrame, title: str, path: Path) -> Path:
+    """One task setting's sample efficiency: the steps to 0.9 accuracy (`steps_0_9`, a
+    cell's median over seeds) against state bytes, log-log, one line per variant (`line`)
+    through its sizes; a censored cell (median beyond the budget: inf) drawn hollow at
+    its `budget`, outside the lines. df: one setting's cells."""
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    data = df.dropna(subset=["state_bytes"]).sort_values("state_bytes")
+    palette, _, _ = styles(data.drop_duplicates("line"))
+    marker, dash = _line_marks(palette)
+    w, h = grid_size_px(1, 1)
+    fig = new_figure(w / DPI, h / DPI)
+    ax = fig.subplots(1, 1)
+    for line, sub in data.groupby("line", sort=False):
+        censored = sub["steps_0_9"] == float("inf")
+        done = sub[~censored].groupby("state_bytes", as_index=False)["steps_0_9"].min()
+        colour = palette[line]
+        ax.plot(done["state_bytes"], done["steps_0_9"], color=colour, linewidth=1.2,
+                linestyle=(0, dash[line]) if dash[line] else "-", marker=marker[line],
+                markersize=4)
+        ax.scatter(sub.loc[censored, "state_bytes"], sub.loc[censored, "budget"], s=18,
+                   facecolors="white", edgecolors=colour, marker=marker[line], zorder=3)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(
+        lambda v, _: f"{v / 1024:g} KiB" if v >= 1024 else f"{v:g} B"))
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(textwrap.fill(title, 60), fontsize=9)
+    ax.set_xlabel("state per example (bytes, float32; log)")
+    ax.set_ylabel("steps to 0.9 (median; hollow: > budget)")
+    ax.grid(True, alpha=0.3)
+    adjust(fig, 1, 1)
+    legend(fig, palette, 1, dash, marker)
+    return save(fig, path)
+
+
 def accuracy_time_plot(df: pd.DataFrame, path: Path) -> Path:
     """Held-out accuracy against forward time_ms (from the same folder's results.csv) at
     the same N: one panel per trained (seq_len, causal), one marker per `line`."""

@@ -9,8 +9,10 @@ mixer, a tied head) is trained per configuration on a synthetic task, into train
     text_metrics.py  bits per byte, unigram and bigram floors, recall hits
     model.py    the small model around a variant
     output_layer.py  the papers' norm and gate after a mixer, before the output projection
-    trainer.py  one training run: AdamW, warm-up then cosine decay, early stop, settling,
-                accuracy; a run paused and continued (the race)
+    trainer.py  one training run: AdamW, early stop, settling, validation and test
+                accuracy; a run paused and continued (the race), or extended
+    schedule.py the learning rate: warmup-stable-decay (or an earlier folder's cosine)
+    outcome.py  the plateau, the margin and a run's outcome
     race.py     the race of learning rates: successive halving over continued runs
     matrix.py   a train TOML (preset or file) expanded into configurations, checked first
     worker.py   training runs in a process of its own (`python -m harness.train.worker`)

@@ -1,18 +1,18 @@
 """The predicted cost of a training configuration, in seconds: `train --dry-run` prints the
 sum, train_meta.json records it beside the wall time, shards balance on it.
 
-Steps x the cost of a step. Steps: what the protocol runs when no run stops early (the
-race's rungs on the first seed, harness.train.race, each later seed one run to max_steps),
-the plan's ceiling, times the share of them that committed reference runs of the variant
-trained (harness.train.stops: runs that reach early_stop or settle take less). A step's cost is measured at
-plan time (`probe`): PROBE_WARMUP then PROBE_STEPS training steps of the configuration's
-own model, batch and threads, their median, in a training worker process (`probe_all`: a
-variant that crashes or hangs costs its probe, not the plan; its step then falls back to
-the FLOP model): the recurrences' chunk machinery and the routed variants' gathers cost
-what they cost here, not what their FLOPs say (a FLOP model under-predicted their steps
-1.2-2.5x). Each held-out evaluation costs a forward over the
-held-out set, a third of a step per batch; each configuration WORKER_S to start its
-process and data. Declared skips cost nothing.
+Steps x the cost of a step. Steps: what the protocol runs when no run stops early and the
+race cuts nothing (harness.train.race's worst case: every rate, and on the first seed one
+beyond the grid's edge, to max_steps), the plan's ceiling, times the share of them that
+committed reference runs of the variant trained (harness.train.stops: runs that reach
+early_stop or settle take less). A step's cost is measured at plan time (`probe`):
+PROBE_WARMUP then PROBE_STEPS training steps of the configuration's own model, batch and
+threads, their median, in a training worker process (`probe_all`: a variant that crashes or
+hangs costs its probe, not the plan; its step then falls back to the FLOP model): the
+recurrences' chunk machinery and the routed variants' gathers cost what they cost here, not
+what their FLOPs say (a FLOP model under-predicted their steps 1.2-2.5x). Each held-out
+evaluation costs a forward over the held-out set, a third of a step per batch; each
+configuration WORKER_S to start its process and data. Declared skips cost nothing.
 
 `flop_step_seconds` is the FLOP model (analytic forward FLOPs x 3 at EFFICIENCY of a matmul
 rate, plus STEP_OVERHEAD_S): shards balance on it, where no probe is run.
@@ -32,7 +32,6 @@ import torch
 from harness.measure import layers
 from harness.measure.estimate import GPU_ASSUMED_GFLOPS
 from harness.measure.rows import NO_CUDA
-from harness.train import race
 from harness.train.matrix import TrainConfig
 
 EFFICIENCY = 0.25  # the share of the matmul rate a tiny model's step reaches (measured here)
@@ -63,21 +62,13 @@ def flop_step_seconds(config: TrainConfig, module, rate_flops_per_s: float) -> f
 
 
 def planned_steps(config: TrainConfig) -> int:
-    """Training steps of this configuration's row when no run stops early: on the first
-    seed the race's rungs over every rate (the first budget for all, then half of them to
-    twice that, ..., the last to max_steps), on a later seed one run to max_steps."""
-    if not config.first_seed:
-        return config.max_steps
-    ran: dict[float, int] = {}
-
-    def advance(lr, until):  # distinct, never stopping: the race's longest course
-        ran[lr] = until
-        return {"status": "ok", "accuracy": -config.lrs.index(lr), "final_loss": 1.0,
-                "stopped": "cap" if until >= config.max_steps else None}
-
-    race.race(config.lrs, advance, first=config.first_budget, cap=config.max_steps,
-              early_stop=float("inf"), margin=0.0)
-    return sum(ran.values())
+    """Training steps of this configuration's row when no run stops early and the race
+    cuts nothing (every rate on MQAR's plateau, or tied: harness.train.race's worst
+    case): every rate to max_steps, and on the first seed one rate beyond the grid's edge
+    (a grid of two or more); a later seed races the rates the first ran to their end, at
+    most the grid."""
+    rates = len(config.lrs) + (config.first_seed and len(config.lrs) > 1)
+    return rates * config.max_steps
 
 
 def config_seconds(config: TrainConfig, step_s: float, share: float = 1.0) -> float:
@@ -86,7 +77,7 @@ def config_seconds(config: TrainConfig, step_s: float, share: float = 1.0) -> fl
     gives the share reference runs trained)."""
     steps = share * planned_steps(config)
     evals = -(-steps // config.eval_every)
-    per_eval = -(-config.test_examples // config.batch) * EVAL_STEP_SHARE * step_s
+    per_eval = -(-config.validation_examples // config.batch) * EVAL_STEP_SHARE * step_s
     return WORKER_S + steps * step_s + evals * per_eval
 
 
@@ -104,8 +95,8 @@ def probe(config: TrainConfig) -> float:
     if key not in _PROBED:
         n = PROBE_WARMUP + PROBE_STEPS + 1  # the last step (an evaluation) is not run
         small = dataclasses.replace(config, train_examples=n * config.batch,
-                                    test_examples=config.batch, max_steps=n, eval_every=n,
-                                    seed=config.seeds[0])
+                                    test_examples=config.batch, val_examples=0, max_steps=n,
+                                    eval_every=n, seed=config.seeds[0])
         threads = torch.get_num_threads()
         try:
             run = Run(small, config.lrs[0])

@@ -94,6 +94,11 @@ def selective_copying_chance(seq_len: int, vocab_size: int, num_tokens: int, **_
     return 1.0 / (vocab_size - 2)
 
 
+def selective_copying_guess(seq_len: int, vocab_size: int, num_tokens: int, **_) -> float:
+    """Each output guessed among the num_tokens tokens shown, order unknown: 1 / tokens."""
+    return 1.0 / num_tokens
+
+
 # -- noisy recall ------------------------------------------------------------------------
 def _recall_vocab(vocab_size: int, noise_vocab_size: int) -> tuple[int, int, int]:
     """(first key, first value, first noise token): 0 filler, keys, values, noise."""
@@ -199,6 +204,16 @@ def noisy_recall_chance(seq_len: int, vocab_size: int, noise_vocab_size: int,
     return 1.0 / (z0 - v0)
 
 
+def noisy_recall_guess(seq_len: int, vocab_size: int, noise_vocab_size: int,
+                       frac_noise: float, **_) -> float:
+    """A guess among the values of the keys shown: 1 / the expected number of distinct
+    keys among the (1 - frac_noise) seq_len // 2 pairs, K (1 - (1 - 1/K)^pairs) of K keys
+    (the mean of 1 / distinct read at its mean: a slight underestimate)."""
+    k0, v0, _ = _recall_vocab(vocab_size, noise_vocab_size)
+    keys, pairs = v0 - k0, (1 - frac_noise) * (seq_len // 2)
+    return 1.0 / max(1.0, keys * (1 - (1 - 1 / keys) ** pairs))
+
+
 # -- fuzzy recall ------------------------------------------------------------------------
 def fuzzy_recall_problems(seq_len: int, vocab_size: int, key_len: int,
                           value_len: int) -> list[str]:
@@ -268,3 +283,10 @@ def fuzzy_recall_chance(seq_len: int, vocab_size: int, key_len: int, value_len: 
     uniform over the m - j value tokens not yet in it (m of them), mean over the span."""
     m = vocab_size - 1 - (vocab_size - 1) // 2
     return sum(1.0 / (m - j) for j in range(value_len)) / value_len
+
+
+def fuzzy_recall_guess(seq_len: int, vocab_size: int, key_len: int, value_len: int,
+                       **_) -> float:
+    """A guess of which earlier pair is repeated, among the P - 1 before the last, P =
+    seq_len // (key_len + value_len): its value span's tokens are then all right."""
+    return 1.0 / max(1, seq_len // (key_len + value_len) - 1)

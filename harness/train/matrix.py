@@ -20,7 +20,10 @@ product, and the union (first occurrence of each configuration wins) is the run.
     lrs = [1e-3, 3e-3]          # the sweep inside each configuration (not a product axis)
     batch = 64                  # training examples per step
     max_steps = 1000            # the step budget of one learning rate
-    warmup = 0.1                # share of max_steps with a linear warm-up, then cosine to 0
+    warmup = 150                # steps of linear warm-up, then the full rate, then 1 - sqrt
+                                #   decay over the last 20% of max_steps (harness.train.
+                                #   schedule); a float in [0, 1]: that share of max_steps
+                                #   warms up, then cosine to 0 (earlier folders' matrices)
     weight_decay = 0.1          # AdamW's
     eval_every = 50             # steps between held-out evaluations
     early_stop = 0.99           # held-out accuracy that ends a run (and the race)
@@ -28,7 +31,10 @@ product, and the union (first occurrence of each configuration wins) is the run.
     settle_margin = 0.02        #   settle_window steps, after at least 2 x settle_window
     race_steps = 0              # the race's first budget per rate (0: max_steps / 8)
     train_examples = 20000      # the training set (seed), drawn in shuffled epochs
-    test_examples = 500         # the held-out set (the first seed's, for every seed)
+    test_examples = 500         # the test set: the reported accuracy, scored once at the
+                                #   kept checkpoint (the first seed's, for every seed)
+    val_examples = 0            # the validation set: picks the rate, stops the run; 0: as
+                                #   test_examples (disjoint from test and training sets)
     seed = 0                    # or a list: one row per seed (initialisation, batch order,
                                 #   training set); the race of rates runs on the first
     device = "cpu"              # or "cuda"
@@ -65,11 +71,12 @@ _KEYS: dict[str, tuple[object, str]] = {
     "seq_lens": ([64], "list:int"), "vocab_size": ([64], "list:int"),
     "causal": ([True], "list:bool"), "d_model": ([64], "list:int"), "layers": ([1], "list:int"),
     "heads": ([1], "list:int"), "mlp": ([False], "list:bool"), "lrs": ([3e-3], "floats"),
-    "batch": (64, "int"), "max_steps": (1000, "int"), "warmup": (0.1, "fraction"),
+    "batch": (64, "int"), "max_steps": (1000, "int"), "warmup": (150, "warmup"),
     "weight_decay": (0.1, "float"), "eval_every": (50, "int"), "early_stop": (0.99, "fraction"),
     "settle_window": (1000, "int"), "settle_margin": (0.02, "fraction"),
     "race_steps": (0, "int0"),
-    "train_examples": (20000, "int"), "test_examples": (500, "int"), "seed": ([0], "seeds"),
+    "train_examples": (20000, "int"), "test_examples": (500, "int"), "val_examples": (0, "int0"),
+    "seed": ([0], "seeds"),
     "device": ("cpu", "device"), "threads": (0, "int0"), "timeout_s": (300.0, "float"),
     "mem_limit_mib": (0, "int0"), "output_layer": ("paper", "output_layer"),
 }
@@ -81,13 +88,15 @@ KEY_FIELDS = ("task", "task_params", "variant", "params", "seq_len", "vocab_size
               "d_model", "layers", "heads", "mlp", "lrs", "batch", "max_steps", "warmup",
               "weight_decay", "eval_every", "early_stop", "train_examples", "test_examples",
               "seed", "device", "seeds", "settle_window", "settle_margin", "race_steps")
-# Fields added after the first folders, in a configuration's id only when not the value
-# those folders trained with (the bare block): their ids stay what they were, and a
-# configuration of today's default gets an id of its own, so resuming an old folder
-# never counts a bare-block row as a run of the papers' layers.
-LATER_KEY_FIELDS = {"output_layer": "none"}
 # A cell: the configuration but for its seed (the report's median and range are over it).
 CELL_FIELDS = tuple(f for f in KEY_FIELDS if f != "seed")
+# Key fields added later, hashed only away from the value earlier sweeps trained with, so
+# that their configurations keep their ids: field -> that value (0 is always that value).
+# output_layer: the earlier folders trained the bare block ("none"), so today's default
+# ("paper") gets an id of its own and resuming an old folder never counts a bare-block row
+# as a run of the papers' layers.
+LATER_KEY_FIELDS = {"val_examples": lambda c: c.test_examples,
+                    "output_layer": lambda c: "none"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +115,7 @@ class TrainConfig:
     lrs: tuple[float, ...]
     batch: int
     max_steps: int
-    warmup: float
+    warmup: float | int  # an int: steps, warmup-stable-decay; a float: the older fraction
     weight_decay: float
     eval_every: int
     early_stop: float
@@ -121,6 +130,7 @@ class TrainConfig:
     settle_window: int = 1000
     settle_margin: float = 0.02
     race_steps: int = 0
+    val_examples: int = 0  # 0: as test_examples
     output_layer: str = "paper"
 
     def __post_init__(self):
@@ -139,8 +149,13 @@ class TrainConfig:
     def _hash(self, fields) -> str:
         key = {f: getattr(self, f) for f in fields}
         key.update({f: getattr(self, f) for f, default in LATER_KEY_FIELDS.items()
-                    if getattr(self, f) != default})
+                    if getattr(self, f) not in (0, default(self))})
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def validation_examples(self) -> int:
+        """The validation set's size: val_examples, else test_examples."""
+        return self.val_examples or self.test_examples
 
     @property
     def first_seed(self) -> bool:
@@ -240,6 +255,13 @@ def _check(table: dict, where: str, errors: list[str], task_keys: dict) -> dict:
             if not isinstance(value, int) or isinstance(value, bool) or value < (kind == "int"):
                 errors.append(f"{where}: {key!r} must be a {'positive' if kind == 'int' else 'non-negative'} "
                               f"integer, got {value!r}")
+                continue
+        elif kind == "warmup":  # steps (an integer), or an earlier matrix's fraction
+            if isinstance(value, bool) or not (
+                    isinstance(value, int) and value >= 0
+                    or isinstance(value, float) and 0 <= value <= 1):
+                errors.append(f"{where}: 'warmup' must be a whole number of steps (>= 0) or "
+                              f"a fraction of max_steps in [0.0, 1.0], got {value!r}")
                 continue
         elif kind in ("float", "fraction"):
             num = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -369,6 +391,7 @@ def expand(matrix: dict, errors: list[str] | None = None) -> list[TrainConfig]:
                                 seed, g["device"], g["threads"] or os.cpu_count() or 1,
                                 float(g["timeout_s"]), g["mem_limit_mib"], tuple(g["seed"]),
                                 g["settle_window"], g["settle_margin"], g["race_steps"],
+                                val_examples=g.get("val_examples", 0),
                                 # a matrix stored before the key trained the bare block
                                 output_layer=g.get("output_layer", "none"))
                 out.setdefault(c.config_id, c)

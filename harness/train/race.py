@@ -1,35 +1,42 @@
-"""The race of learning rates inside one configuration: successive halving (Jamieson and
-Talwalkar 2016, https://arxiv.org/abs/1502.07943; Hyperband's inner loop, Li et al. 2018),
-so that a configuration costs about one long run, not one per rate.
+"""The race of learning rates inside one configuration: successive halving's rungs
+(Jamieson and Talwalkar 2016, https://arxiv.org/abs/1502.07943; Hyperband's inner loop,
+Li et al. 2018) with a cut that cannot be made on noise.
 
-Every rate runs a first budget of steps; the better half (by held-out accuracy so far,
-best over the run's evaluations) goes on to twice the budget, and so on; the last rate
-left runs to its end (early_stop, settled, or max_steps). Rates tied at the cut (within
-`margin`, the settling rule's, of the last one kept) are ranked by their held-out loss
-(their training loss where a result has none): on MQAR's plateau every rate sits at the
-same held-out accuracy while the loss already tells the run about to rise, and a coin
-flip (or the order of the sweep) would not. A run that reaches `early_stop` ends the
-race (as the sweep stopped at the first rate that did). A run that stops on its own
-(settled, nonfinite) keeps its place with what it reached. A cut rate that reads more
-than `margin` above every run that finished (the winner settled low, the cut one was
-ahead at its tie) is run to its end as well, so the row's rate is always one whose run
-finished. Runs are continued, not restarted: `advance(lr, until)` trains a rate's run to
-step `until` and returns its result so far (harness.train.trainer.Run.result, or a
+Every rate runs a first budget of steps; then, at each rung, a rate is cut only when it
+trails the leader (the best validation accuracy so far) by more than the margin,
+max(0.02, three binomial standard errors of the validation set at the leader's accuracy,
+harness.train.outcome.margin), and the leader is above its plateau plus the margin: on
+MQAR's plateau every rate reads the same accuracy, and which one rises first is not yet
+told. The rates left go on to twice the budget, and so on; the last rate left runs to its
+end (early_stop, settled, or max_steps). A run that reaches `early_stop` ends the race. A
+run that stops on its own (settled, nonfinite) keeps its place with what it reached. A
+cut rate that reads more than the margin above every run that finished is run to its end
+as well, so the row's rate is always one whose run finished. A winner at an end of the
+grid (below early_stop) adds one rate beyond it, one grid step further, run to its end;
+at most one. Runs are continued, not restarted: `advance(lr, until)` trains a rate's run
+to step `until` and returns its result so far (harness.train.trainer.Run.result, or a
 failure's status).
+
+Worst case (nothing cut: every rate on the plateau, or tied): every rate of the grid and
+the one beyond it run to the cap, (rates + 1) x max_steps steps
+(harness.train.estimate.planned_steps counts it).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
-ETA = 2  # keep 1 / ETA of the rates at each rung, and multiply the budget by ETA
+from harness.train import outcome
+
+ETA = 2  # the budget is multiplied by ETA at each rung
 
 
 def race(lrs, advance: Callable[[float, int], dict], *, first: int, cap: int,
-         early_stop: float, margin: float) -> list[tuple[float, dict]]:
+         early_stop: float, margin: float = outcome.MIN_MARGIN,
+         edge: bool = True) -> list[tuple[float, dict]]:
     """[(lr, its last result)] in the order the rates were first run; a rate not in it was
-    not run (an earlier one reached early_stop)."""
+    not run (an earlier one reached early_stop). `margin`: the least margin; `edge`:
+    whether a winner at an end of the grid adds the rate beyond it."""
     results: dict[float, dict] = {}
     alive = list(lrs)
     budget = min(first, cap) if len(alive) > 1 else cap
@@ -47,41 +54,58 @@ def race(lrs, advance: Callable[[float, int], dict], *, first: int, cap: int,
             break
         alive = keep(alive, results, margin)
         budget = cap if len(alive) == 1 else min(budget * ETA, cap)
-    # The row is a finished run's (harness.train.rows.combine). A rate cut at a tie (kept
-    # by held-out loss) can read more than the winner settled at: one cut that reads more
-    # than `margin` above every finished run is run to its end too, until none does.
+    # The row is a finished run's (harness.train.rows.combine): a cut rate that reads more
+    # than the margin above every finished run is run to its end too, until none does.
     while True:
         ok = {lr: r for lr, r in results.items() if r["status"] == "ok"}
-        done = [r["accuracy"] for r in ok.values() if _finished(r)]
+        done = [r for r in ok.values() if _finished(r)]
         cut = [lr for lr, r in ok.items() if not _finished(r)]
         if not cut:
             break
         lr = max(cut, key=lambda lr: results[lr]["accuracy"])
-        if done and results[lr]["accuracy"] <= max(done) + margin:
-            break
-        results[lr] = advance(lr, cap)
+        if done:
+            top = max(done, key=lambda r: r["accuracy"])
+            if results[lr]["accuracy"] <= top["accuracy"] + _margin(top, margin):
+                break
+        results[lr] = r = advance(lr, cap)
+        if r["status"] == "ok" and r["accuracy"] >= early_stop:
+            return list(results.items())
+    further = beyond(lrs, results, early_stop) if edge else None
+    if further is not None:
+        results[further] = advance(further, cap)
     return list(results.items())
 
 
-def keep(lrs: list[float], results: dict[float, dict], margin: float) -> list[float]:
-    """The ceil(n / ETA) rates that go on, in their original order: those more than
-    `margin` above the accuracy of the last place kept, then, of the rates within
-    `margin` of it, those with the lowest held-out loss (the last of `held_out_loss`;
-    `final_loss`, the training loss, where there is none)."""
+def keep(lrs: list[float], results: dict[float, dict],
+         margin: float = outcome.MIN_MARGIN) -> list[float]:
+    """The rates that go on, in their order: all of them while the leader is within the
+    margin of its plateau; else those within the margin of the leader."""
     acc = {lr: results[lr]["accuracy"] for lr in lrs}
-    n = math.ceil(len(lrs) / ETA)
-    line = sorted(acc.values(), reverse=True)[n - 1]
-    sure = [lr for lr in lrs if acc[lr] > line + margin]
-    tied = sorted((lr for lr in lrs if lr not in sure and acc[lr] >= line - margin),
-                  key=lambda lr: (_loss(results[lr]), -acc[lr]))
-    kept = set(sure) | set(tied[:n - len(sure)])
-    return [lr for lr in lrs if lr in kept]
+    lead = results[max(lrs, key=acc.get)]
+    plateau = lead.get("plateau", 0.0)
+    if outcome.on_plateau(lead["accuracy"], plateau, lead.get("val_scored")) or \
+            lead["accuracy"] <= plateau + margin:
+        return list(lrs)
+    gap = _margin(lead, margin)
+    return [lr for lr in lrs if acc[lr] >= lead["accuracy"] - gap]
 
 
-def _loss(result: dict) -> float:
-    held = result.get("held_out_loss")
-    loss = held[-1][1] if held else result.get("final_loss")
-    return math.inf if loss is None or not math.isfinite(loss) else loss
+def beyond(lrs, results: dict[float, dict], early_stop: float) -> float | None:
+    """The rate one grid step beyond the winner, when it finished below early_stop at an
+    end of a grid of two or more rates (the step: its ratio to its neighbour); else None."""
+    grid = sorted(lrs)
+    done = [(lr, r) for lr, r in results.items() if r["status"] == "ok" and _finished(r)]
+    if len(grid) < 2 or not done:
+        return None
+    lr, best = max(done, key=lambda p: p[1]["accuracy"])
+    if best["accuracy"] >= early_stop or lr not in (grid[0], grid[-1]):
+        return None
+    near = grid[1] if lr == grid[0] else grid[-2]
+    return float(f"{lr * lr / near:.2g}")
+
+
+def _margin(result: dict, least: float) -> float:
+    return max(least, outcome.margin(result["accuracy"], result.get("val_scored")))
 
 
 def _finished(result: dict) -> bool:

@@ -11,7 +11,7 @@ import torch
 
 from harness.measure import layers, stack
 from harness.measure.rows import NO_CUDA
-from harness.train import tasks, trainer
+from harness.train import outcome, schedule, tasks, trainer
 from harness.train.matrix import TrainConfig
 from harness.train.model import CONV_KERNEL
 
@@ -52,7 +52,7 @@ def state_elements(config: TrainConfig, module) -> int | None:
 def config_row(config: TrainConfig, module) -> dict:
     """The descriptive columns of a configuration (everything but the training's outcome)."""
     state = state_elements(config, module)
-    task = tasks.get(config.task)
+    plateau, chance, at = plateau_of(config, module)
     attention_layers, mixer = stack.composition(config.variant, config.layers)
     return {"config_id": config.config_id, "task": config.task,
             "task_params": config.task_params, "variant": config.variant,
@@ -66,8 +66,25 @@ def config_row(config: TrainConfig, module) -> dict:
             "state_size": state,
             "state_bytes": None if state is None else state * STATE_DTYPE.itemsize,
             "lrs": json.dumps(list(config.lrs)),
-            "chance": task.chance(config.seq_len, config.vocab_size, **config.task_param_dict),
-            "reach": reach(config, module)}
+            "chance": chance, "reach": at, "plateau": plateau}
+
+
+_PLATEAUS: dict[str, tuple] = {}
+
+
+def plateau_of(config: TrainConfig, module=None) -> tuple[float, float, float | None]:
+    """(plateau, chance, reach) of a configuration (harness.train.outcome.plateau), cached;
+    `module` its built variant, built here when not given."""
+    if config.config_id not in _PLATEAUS:
+        task = tasks.get(config.task)
+        p = {**task.params, **config.task_param_dict}
+        chance = task.chance(config.seq_len, config.vocab_size, **p)
+        at = reach(config, layers.build(config) if module is None else module)
+        _PLATEAUS.clear()  # one configuration at a time: the worker's, the runner's
+        _PLATEAUS[config.config_id] = (
+            outcome.plateau(task.plateau(config.seq_len, config.vocab_size, **p), chance, at),
+            chance, at)
+    return _PLATEAUS[config.config_id]
 
 
 def reach(config: TrainConfig, module) -> float | None:
@@ -82,7 +99,7 @@ def reach(config: TrainConfig, module) -> float | None:
     if mask is None:
         return None
     task = tasks.get(config.task)
-    _, (inputs, labels) = trainer.datasets(config)  # the held-out set the trainer scores
+    *_, (inputs, labels) = trainer.datasets(config)  # the test set, the reported one
     at = task.answer_at(inputs, labels, **config.task_param_dict)
     rows, cols = (at >= 0).nonzero(as_tuple=True)
     if len(rows) == 0:
@@ -109,9 +126,11 @@ def skip_reasons(config: TrainConfig, module) -> list[str]:
 
 def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
     """One row's outcome from a cell's runs at this seed [(lr, last result, wall seconds
-    of all its segments), ...] in the order first run: the best accuracy of the runs that
-    finished (of equals, the run that went furthest, then the first); a run the race cut
-    only where none finished."""
+    of all its segments), ...] in the order first run: the run of the best validation
+    accuracy of those that finished (of equals, the run that went furthest, then the
+    first; a run the race cut only where none finished), its test accuracy as `accuracy`
+    (its best validation accuracy where it has none: a cut run), that as
+    `val_accuracy`."""
     ok = [(lr, r) for lr, r, _ in runs if r["status"] == "ok"]
     notes = [f"lr={lr:g}: {r['status']}: {r['reason']}" for lr, r, _ in runs
              if r["status"] != "ok"]
@@ -133,11 +152,28 @@ def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
     if not ok:
         statuses = [r["status"] for _, r, _ in runs]
         status = min(statuses, key=lambda s: _SEVERITY.index(s) if s in _SEVERITY else -1)
-        return {**out, "status": status, "reason": "; ".join(notes)}
+        return {**out, "status": status, "reason": "; ".join(notes),
+                "outcome": "diverged" if status == "nonfinite" else None}
     lr, best = max(ok, key=_rank)
+    tested = best.get("test_accuracy")
     return {**out, "status": "ok", "reason": "; ".join(notes), "best_lr": lr,
             **{k: best.get(k) for k in _BEST_FIELDS},
-            "lr_at_edge": lr_at_edge(config.lrs, lr, best["accuracy"], config.early_stop)}
+            "accuracy": best["accuracy"] if tested is None else tested,
+            "val_accuracy": best["accuracy"],
+            "lr_at_edge": lr_at_edge([*config.lrs, *(x for x in ran if x not in config.lrs)],
+                                     lr, best["accuracy"], config.early_stop),
+            "outcome": run_outcome(config, best)}
+
+
+def run_outcome(config: TrainConfig, result: dict) -> str | None:
+    """The outcome (harness.train.outcome) of a finished run's result."""
+    plateau, chance, at = plateau_of(config)
+    return outcome.outcome(
+        status=result["status"], accuracy=result.get("accuracy"),
+        early_stop=config.early_stop, plateau_=result.get("plateau", plateau), chance=chance,
+        reach=at, scored=result.get("val_scored"),
+        held_out_loss=result.get("held_out_loss") or [], vocab_size=config.vocab_size,
+        warmup_steps=schedule.warmup_steps(config.warmup, config.max_steps))
 
 
 def curves(runs: list[tuple[float, dict, float]]) -> list[dict]:

@@ -10,14 +10,14 @@ killer) or runs out of memory is replaced before the next run. With `workers` > 
 many cells train at once, each in its own worker process.
 
 A cell is a configuration over its seeds (`seed = [0, 1]`: one row per seed). On its first
-seed the rates are raced (harness.train.race: successive halving, each rate's run
-continued in the worker, the race over at the first run that reaches `early_stop`); every
-later seed trains one run at the rate the race picked. A row reports the best held-out
-accuracy over the rates tried and the run of the rate that reached it (Zoology's report:
-the best over a sweep of learning rates), with what tells a fair sweep from an unfinished
-one: every rate of the sweep (`lrs`), whether the winning run had settled (`settled`,
-`steps_run`), was still rising at its end, and whether its rate is at an end of the sweep
-(`lr_at_edge`).
+seed the rates are raced (harness.train.race: rungs that cut only a rate clearly behind,
+each rate's run continued in the worker, the race over at the first run that reaches
+`early_stop`); every later seed races the rates the first seed's race ran to their end. A
+row reports the run of the best validation accuracy over the rates tried, its test
+accuracy (Zoology's report: the best over a sweep of learning rates), with what tells a
+fair sweep from an unfinished one: every rate of the sweep (`lrs`), whether the winning run
+had settled (`settled`, `steps_run`), was still rising at its end, and whether its rate is
+at an end of the sweep (`lr_at_edge`).
 """
 
 from __future__ import annotations
@@ -42,28 +42,35 @@ from harness.train.matrix import TrainConfig
 from harness.train.rows import (  # noqa: F401  (callers read them here)
     combine, config_row, lr_at_edge, reach, skip_reasons, state_elements)
 from harness.train.store import TrainStore
+from harness.train.worker import checkpoint_path
 
 WORKER = "harness.train.worker"
 BUSY_EVERY_S = 120.0  # seconds between samples of other work while a sweep trains
 BUSY_EVERY_ENV = "ATTNBENCH_TRAIN_BUSY_EVERY_S"
 BUSY_WINDOW_S = 5.0   # seconds each of those samples reads (see BusyWatch)
+CHECKPOINTS = "checkpoints"  # a run folder's winning runs' states before their decay
 
 
 class Sweeper:
     """The worker process a cell's runs go to, replaced when it dies or is killed."""
 
-    def __init__(self, log_path: Path):
-        self.log_path, self.worker = log_path, None
+    def __init__(self, log_path: Path, checkpoints: Path | None = None):
+        self.log_path, self.worker, self.checkpoints = log_path, None, checkpoints
 
-    def run(self, config: TrainConfig, lr: float, until: int | None = None
-            ) -> tuple[dict, float]:
-        """The run of (config, lr) advanced to step `until` (its end without it)."""
+    def run(self, config: TrainConfig, lr: float, until: int | None = None,
+            extend: Path | None = None) -> tuple[dict, float]:
+        """The run of (config, lr) advanced to step `until` (its end without it); with
+        `extend`, continued from that checkpoint under config's cap."""
         if self.worker is None or not self.worker.alive():
             self.worker = Worker("train", self.log_path, config.threads, module=WORKER)
         start = time.monotonic()
         request = {"config": config.to_json(), "lr": lr}
         if until is not None:
             request["until"] = until
+        if self.checkpoints is not None:
+            request["checkpoints"] = str(self.checkpoints)
+        if extend is not None:
+            request["extend"] = str(extend)
         got = self.worker.call(request, f"train {config.config_id} {config.label()} lr={lr:g}"
                                f"{f' to step {until}' if until is not None else ''}",
                                config.timeout_s, config.timeout_s)
@@ -77,8 +84,9 @@ class Sweeper:
             self.worker = None
 
 
-def race_rates(config: TrainConfig, sweeper: Sweeper, bar=None) -> list[tuple]:
-    """The race of the configuration's rates: [(lr, last result, wall seconds)]."""
+def race_rates(config: TrainConfig, sweeper: Sweeper, bar=None, lrs=None) -> list[tuple]:
+    """The race of the configuration's rates (`lrs`: these instead, a later seed's, without
+    a rate beyond the grid's edge): [(lr, last result, wall seconds)]."""
     wall: dict[float, float] = {}
 
     def advance(lr: float, until: int) -> dict:
@@ -89,8 +97,8 @@ def race_rates(config: TrainConfig, sweeper: Sweeper, bar=None) -> list[tuple]:
         wall[lr] = wall.get(lr, 0.0) + seconds
         return got
 
-    done = race.race(config.lrs, advance, first=config.first_budget, cap=config.max_steps,
-                     early_stop=config.early_stop, margin=config.settle_margin)
+    done = race.race(config.lrs if lrs is None else lrs, advance, first=config.first_budget,
+                     cap=config.max_steps, early_stop=config.early_stop, edge=lrs is None)
     return [(lr, r, wall[lr]) for lr, r in done]
 
 
@@ -123,6 +131,7 @@ def train_cell(cell: list[TrainConfig], sweeper: Sweeper, done: dict[str, dict |
             got = done.get(first.config_id)
             if got is None:  # not done, or done elsewhere: the race (deterministic) again
                 got = {**row, **combine(config, race_rates(config, sweeper, bar))}
+                prune(sweeper, config, got)
                 if config.config_id not in done:
                     yield got
             chosen = got
@@ -131,12 +140,27 @@ def train_cell(cell: list[TrainConfig], sweeper: Sweeper, done: dict[str, dict |
             yield {**row, "status": chosen["status"],
                    "reason": f"seed {first.seed} trained no rate: {chosen.get('reason', '')}"}
             continue
-        lr = float(chosen["best_lr"])
-        if bar is not None:
-            bar.set_postfix_str(f"{config.label()} seed={config.seed} lr={lr:g}",
-                                refresh=True)
-        got, wall = sweeper.run(config, lr)
-        yield {**row, **combine(config, [(lr, got, wall)])}
+        got = {**row, **combine(config, race_rates(config, sweeper, bar, survivors(chosen)))}
+        prune(sweeper, config, got)
+        yield got
+
+
+def prune(sweeper, config: TrainConfig, row: dict) -> None:
+    """Of a row's runs' checkpoints, keep the winning rate's (`train --extend-to`)."""
+    folder = getattr(sweeper, "checkpoints", None)
+    if folder is None:
+        return
+    for run in row.get("curves") or []:
+        if run["lr"] != row.get("best_lr"):
+            checkpoint_path(folder, config, run["lr"]).unlink(missing_ok=True)
+
+
+def survivors(row: dict) -> list[float]:
+    """The rates a cell's first seed ran to their end (its race's survivors, in the order
+    run), from its row's `curves`; its best rate alone where the row has none."""
+    out = [float(r["lr"]) for r in row.get("curves") or []
+           if r["status"] == "ok" and r.get("stopped") is not None]
+    return out or [float(row["best_lr"])]
 
 
 def train_config(config: TrainConfig, sweeper: Sweeper, bar=None) -> dict:
@@ -155,11 +179,15 @@ def sweep(configs: list[TrainConfig], store: TrainStore, done: set[str], log_pat
     """
     todo = [g for g in cells(configs) if any(c.config_id not in done for c in g)]
     rows = {r["config_id"]: r for r in store.rows()} if todo else {}
+    runs = store.curves() if todo else {}
+    for i, r in rows.items():  # a resumed first seed's survivors: its curves
+        r["curves"] = runs.get(i, {}).get("runs")
     known = {i: rows.get(i) for i in done}
     store.open()
     counts, lock = Counter(), threading.Lock()
     idle = queue.SimpleQueue()
-    sweepers = [Sweeper(log_path) for _ in range(max(1, min(workers, len(todo))))]
+    sweepers = [Sweeper(log_path, store.folder / CHECKPOINTS)
+                for _ in range(max(1, min(workers, len(todo))))]
     for s in sweepers:
         idle.put(s)
 

@@ -1,12 +1,14 @@
 """How much of its planned steps a configuration trains: the estimate's share of them.
 
-The plan (harness.train.estimate.planned_steps) counts every rung of the race and every
-later seed to max_steps; runs that reach early_stop or settle stop sooner, so the plan is
-the most a sweep can take. What it does take depends on the variant and the task: on MQAR
-at N = 64 sdpa stops at early_stop within a rung or two, a recurrence on its plateau runs to
-the cap. The estimate counts, per variant, the runs of committed reference sweeps
-(train_curves.jsonl, every rate's run) in three kinds, each scaled as it scales with the
-budget:
+The plan (harness.train.estimate.planned_steps) counts the race's worst case, every rate
+(and one beyond the grid's edge) to max_steps on every seed; runs that reach early_stop or
+settle, and rates the race cuts, stop sooner, so the plan is the most a sweep can take. The
+counts below are those of the committed sweeps, run under the earlier protocol (later seeds
+one run, ties cut, plateaus settled): they undercount the present one. What it does take
+depends on the variant and the task: on MQAR at N = 64 sdpa stops at early_stop within a
+rung or two, a recurrence on its plateau runs to the cap. The estimate counts, per variant,
+the runs of committed reference sweeps (train_curves.jsonl, every rate's run) in three
+kinds, each scaled as it scales with the budget:
 
 - a run the race cut trained whole rungs: its steps in units of the race's first budget;
 - a run that reached early_stop or settled stopped where it learned: its steps as they are;

@@ -12,8 +12,8 @@ positions after it) and what is wrong with a setting before anything is generate
     fuzzy_recall       in-context recall of multi-token values by multi-token keys (MAD)
 
 MAD's generators live in mad_tasks.py. Adding a task: a generator, a `problems` check and
-one `register(Task(...))` line here. `split` draws a configuration's training and held-out
-sets, disjoint.
+one `register(Task(...))` line here. `split` draws a configuration's training, validation
+and test sets, disjoint.
 """
 
 from __future__ import annotations
@@ -45,6 +45,17 @@ class Task:
     # was written (MQAR: the value after the first occurrence of the queried key); -1 elsewhere
     answer_at: Callable[..., torch.Tensor]
     non_causal_ok: bool  # True: no answer is in the input after its scored position
+    # (seq_len, vocab_size, **params) -> the accuracy of a model that has learned the format
+    # and guesses among the context's candidates (harness.train.outcome); None: chance
+    in_context_guess: Callable[..., float] | None = None
+
+    def plateau(self, seq_len: int, vocab_size: int, **params) -> float:
+        """The accuracy a run sits at before it has learned the task: max(chance, the
+        in-context guess)."""
+        low = self.chance(seq_len, vocab_size, **params)
+        if self.in_context_guess is None:
+            return low
+        return max(low, self.in_context_guess(seq_len, vocab_size, **params))
 
 
 _TASKS: dict[str, Task] = {}
@@ -68,50 +79,68 @@ def get(name: str) -> Task:
 
 
 REDRAWS = 20  # held-out redraws before a setting is declared too small to split
+# torch's CPU generator keeps a seed's low 32 bits only (seeds 7 and 7 + 2^32 draw the
+# same numbers): redraws and the validation set's stream step the seed in those bits.
+REDRAW_STEP = 0x9E3779B1  # odd: r x it differs mod 2^32 for every r < 2^32
+VAL_STREAM = 0x2545F491  # the validation set's seeds: 2 seed + 1 + VAL_STREAM (+ redraws)
+
+Set = tuple[torch.Tensor, torch.Tensor]  # (inputs, labels)
 
 
 def split(name: str, train_examples: int, test_examples: int, *, seed: int, seq_len: int,
-          vocab_size: int, test_seed: int | None = None,
-          **params) -> tuple[tuple[torch.Tensor, torch.Tensor],
-                             tuple[torch.Tensor, torch.Tensor]]:
-    """A configuration's ((train inputs, labels), (held-out inputs, labels)), disjoint.
+          vocab_size: int, test_seed: int | None = None, val_examples: int | None = None,
+          **params) -> tuple[Set, Set, Set]:
+    """A configuration's (train, validation, test) sets, each (inputs, labels), disjoint.
 
-    The training set is drawn with seed 2 seed, the held-out set with 2 seed + 1; a
-    held-out example whose inputs equal a training example's is dropped and the held-out
-    set topped up from further draws (seeds 2 seed + 1 + 2^40 r, r = 1, 2, ...), in order,
-    so the same arguments give the same sets. With another `test_seed` (a cell's later
-    seeds), the held-out set is exactly the one `seed=test_seed` gives, and the training
-    set of `seed` drops the examples that are in it instead, topped up from further draws
-    (2 seed + 2^40 r): every seed is scored on the same held-out set. ValueError when
-    REDRAWS draws do not give enough: the setting has too few distinct examples.
+    The training set is drawn with seed 2 seed; the test set with 2 seed + 1, an example
+    whose inputs equal a training example's dropped and the set topped up from further
+    draws (seeds 2 seed + 1 + REDRAW_STEP r, r = 1, 2, ...); the validation set
+    (`val_examples`, default test_examples) likewise from 2 seed + 1 + VAL_STREAM,
+    avoiding both. The same
+    arguments give the same sets. With another `test_seed` (a cell's later seeds), the
+    validation and test sets are exactly those `seed=test_seed` gives, and the training
+    set of `seed` drops the examples that are in them instead, topped up from further
+    draws (2 seed + REDRAW_STEP r): every seed is validated and tested on the same sets.
+    ValueError when REDRAWS draws do not give enough: the setting has too few distinct
+    examples.
     """
     task = get(name)
+    val_examples = test_examples if val_examples is None else val_examples
     common = dict(seq_len=seq_len, vocab_size=vocab_size, **params)
     if test_seed is not None and test_seed != seed:
-        _, held = split(name, train_examples, test_examples, seed=test_seed, **common)
-        train = _draw_avoiding(task, train_examples, 2 * seed, {tuple(r) for r in
-                                                               held[0].tolist()}, common)
+        _, val, test = split(name, train_examples, test_examples, seed=test_seed,
+                             val_examples=val_examples, **common)
+        held = {tuple(r) for r in val[0].tolist()} | {tuple(r) for r in test[0].tolist()}
+        train = _draw_avoiding(task, train_examples, 2 * seed, held, common)
         if train is None:
             raise ValueError(f"{name}: {REDRAWS + 1} draws of {train_examples} training "
-                             f"examples for seed {seed} did not avoid the held-out set")
-        return train, held
+                             f"examples for seed {seed} did not avoid the held-out sets")
+        return train, val, test
     train = task.generate(train_examples, seed=2 * seed, **common)
-    held = _draw_avoiding(task, test_examples, 2 * seed + 1,
-                          {tuple(r) for r in train[0].tolist()}, common)
-    if held is None:
-        raise ValueError(f"{name}: {REDRAWS + 1} draws of {test_examples} held-out examples "
-                         f"gave too few not among the {train_examples} training examples: "
-                         "the setting has too few distinct examples")
-    return train, held
+    seen = {tuple(r) for r in train[0].tolist()}
+    test = _draw_avoiding(task, test_examples, 2 * seed + 1, seen, common)
+    if test is not None:
+        seen |= {tuple(r) for r in test[0].tolist()}
+        val = _draw_avoiding(task, val_examples, 2 * seed + 1 + VAL_STREAM, seen, common)
+    if test is None or val is None:
+        raise ValueError(f"{name}: {REDRAWS + 1} draws of {test_examples} test and "
+                         f"{val_examples} validation examples gave too few not among the "
+                         f"{train_examples} training examples: the setting has too few "
+                         "distinct examples")
+    return train, val, test
 
 
 def _draw_avoiding(task, n: int, seed: int, seen: set, common: dict):
-    """n examples from draws with seeds seed + 2^40 r (r = 0, 1, ...), in order, those whose
-    inputs are in `seen` dropped; None when REDRAWS further draws do not give n."""
+    """n examples from draws with seeds seed + REDRAW_STEP r (r = 0, 1, ...), in order,
+    those whose inputs are in `seen` or in an earlier draw dropped; None when REDRAWS
+    further draws do not give n."""
     xs, ys, have = [], [], 0
+    seen = set(seen)
     for r in range(REDRAWS + 1):
-        x, y = task.generate(n, seed=seed + (r << 40), **common)
-        keep = torch.tensor([tuple(row) not in seen for row in x.tolist()], dtype=torch.bool)
+        x, y = task.generate(n, seed=seed + REDRAW_STEP * r, **common)
+        rows = [tuple(row) for row in x.tolist()]
+        keep = torch.tensor([row not in seen for row in rows], dtype=torch.bool)
+        seen.update(rows)
         xs.append(x[keep][:n - have])
         ys.append(y[keep][:n - have])
         have += len(xs[-1])
@@ -228,6 +257,11 @@ def mqar_chance(seq_len: int, vocab_size: int, num_kv_pairs: int, **_) -> float:
     return 1.0 / (vocab_size - vocab_size // 2)
 
 
+def mqar_guess(seq_len: int, vocab_size: int, num_kv_pairs: int, **_) -> float:
+    """A guess among the example's num_kv_pairs values, all in its context: 1 / pairs."""
+    return 1.0 / num_kv_pairs
+
+
 register(Task(
     name="mqar",
     summary="multi-query associative recall: P key-value pairs, then each key queried once",
@@ -239,6 +273,7 @@ register(Task(
     chance=mqar_chance,
     answer_at=mqar_answer_at,
     non_causal_ok=True,
+    in_context_guess=mqar_guess,
 ))
 
 
@@ -256,6 +291,7 @@ register(Task(
     chance=mad_tasks.selective_copying_chance,
     answer_at=lambda inputs, labels, **_: mad_tasks.selective_copying_answer_at(inputs, labels),
     non_causal_ok=True,  # outputs are blanks: the copied tokens are all before them
+    in_context_guess=mad_tasks.selective_copying_guess,
 ))
 
 register(Task(
@@ -269,6 +305,7 @@ register(Task(
     chance=mad_tasks.noisy_recall_chance,
     answer_at=lambda inputs, labels, **_: mad_tasks.recall_answer_at(inputs, labels, 1),
     non_causal_ok=False,  # every value, a scored one too, follows its key in the input
+    in_context_guess=mad_tasks.noisy_recall_guess,
 ))
 
 register(Task(
@@ -283,5 +320,6 @@ register(Task(
     answer_at=lambda inputs, labels, key_len=2, **_: mad_tasks.recall_answer_at(
         inputs, labels, key_len),
     non_causal_ok=False,  # the value span follows its key span, the scored ones too
+    in_context_guess=mad_tasks.fuzzy_recall_guess,
 ))
 

@@ -1,24 +1,27 @@
-"""One training run: a configuration at one learning rate, from data to held-out accuracy.
+"""One training run: a configuration at one learning rate, from data to test accuracy.
 
-AdamW (weight decay as configured, on every parameter but A_log and dt_bias), a linear
-warm-up over `warmup` x max_steps steps then cosine decay to 0 at max_steps, batches drawn
-in shuffled epochs of a fixed training set, the held-out set scored every `eval_every` steps
-and at the end. A run stops once held-out accuracy reaches `early_stop`, or once it has
-settled (`settled`: no gain above `settle_margin` in held-out accuracy, nor a relative fall
-above it in held-out loss, over its last `settle_window` steps, in a run at least twice
-that long), or at max_steps, the cap. A run can be paused and
+AdamW (weight decay as configured, on every parameter but A_log and dt_bias), the learning
+rate of harness.train.schedule (warmup-stable-decay, or an earlier folder's cosine), batches drawn
+in shuffled epochs of a fixed training set, the validation set scored every `eval_every`
+steps and at the end. A run stops once validation accuracy reaches `early_stop`, or once
+it has settled (`settled`: no gain above `settle_margin` in validation accuracy, nor a
+relative fall above it in validation loss, over its last `settle_window` steps, in a run
+at least twice that long, and its best above its plateau plus the margin), or at
+max_steps, the cap; then the test set is scored once, at the weights of its best
+validation accuracy (the kept checkpoint). A run can be paused and
 resumed (`Run.advance`, the race of learning rates: harness.train.race): its numbers are
 those of one uninterrupted run. Accuracy is the share of scored positions
 (labels != -100) whose arg-max prediction is the label. Everything random comes from the
-configuration's seeds: the held-out set from the cell's first seed s0 (2 s0 + 1), the
-training set from this seed s (2 s), the two disjoint (tasks.split), the initial weights
+configuration's seeds: the validation and test sets from the cell's first seed s0, the
+training set from this seed s, the three disjoint (tasks.split), the initial weights
 and the batch order from s. On the same threads, the same configuration and rate give
-the same numbers.
+the same numbers. ("held-out" below: the validation set.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import statistics
 import time
@@ -26,7 +29,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from harness.train import tasks
+from harness.train import outcome, tasks
+from harness.train.schedule import decay_start, is_wsd, schedule, settle_decay  # noqa: F401
 from harness.train.matrix import TrainConfig
 from harness.train.model import RecallModel
 
@@ -58,15 +62,17 @@ def flushed_denormals():
         torch.set_flush_denormal(False)
 
 
-def datasets(config: TrainConfig) -> tuple[tuple[torch.Tensor, torch.Tensor],
-                                          tuple[torch.Tensor, torch.Tensor]]:
-    """((train inputs, labels), (held-out inputs, labels)) of a configuration, cached."""
+def datasets(config: TrainConfig) -> tuple[tasks.Set, tasks.Set, tasks.Set]:
+    """The (train, validation, test) sets of a configuration, each (inputs, labels),
+    disjoint (tasks.split), cached."""
     key = (config.task, config.task_params, config.seq_len, config.vocab_size,
-           config.train_examples, config.test_examples, config.seed, config.seeds[0])
+           config.train_examples, config.test_examples, config.validation_examples,
+           config.seed, config.seeds[0])
     if key not in _DATA:
         _DATA.clear()
         _DATA[key] = tasks.split(config.task, config.train_examples, config.test_examples,
                                  seed=config.seed, test_seed=config.seeds[0],
+                                 val_examples=config.validation_examples,
                                  seq_len=config.seq_len, vocab_size=config.vocab_size,
                                  **config.task_param_dict)
     return _DATA[key]
@@ -77,14 +83,6 @@ def build_model(config: TrainConfig) -> RecallModel:
     return RecallModel(config.variant, config.param_dict, vocab_size=config.vocab_size,
                        d_model=config.d_model, layers=config.layers, heads=config.heads,
                        causal=config.causal, mlp=config.mlp, output_layer=config.output_layer)
-
-
-def schedule(step: int, max_steps: int, warmup: float) -> float:
-    """The learning-rate factor at `step` (0-based): linear warm-up, then cosine to 0."""
-    warm = int(round(warmup * max_steps))
-    if step < warm:
-        return (step + 1) / warm
-    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(max_steps - warm, 1)))
 
 
 @torch.no_grad()
@@ -129,7 +127,7 @@ def still_rising(history: list, early_stop: float, margin: float = RISE_MARGIN) 
 
 
 def settled(history: list, window: int, margin: float, early_stop: float,
-            losses: list | None = None) -> bool:
+            losses: list | None = None, floor: float | None = None) -> bool:
     """Whether a run whose held-out evaluations are `history` [[step, accuracy], ...] has
     settled: it reached `early_stop`, or it has run at least 2 x `window` steps, the best
     accuracy of its last `window` steps is no more than `margin` above the best before
@@ -141,11 +139,15 @@ def settled(history: list, window: int, margin: float, early_stop: float,
     accuracy sits at what the short convolution alone answers); a run flat in both for
     longer than the window is. The window is in steps, not evaluations; the extrema on
     both sides carry the evaluations' noise alike. Held-out loss, not training loss: a
-    model that memorises its training set keeps lowering the one, not the other."""
+    model that memorises its training set keeps lowering the one, not the other. A run
+    whose best accuracy is at most `floor` (its plateau plus the margin,
+    harness.train.outcome) has not settled, however flat: it has learned nothing yet."""
     if not history:
         return False
     if max(a for _, a in history) >= early_stop:
         return True
+    if floor is not None and max(a for _, a in history) <= floor:
+        return False
     last = history[-1][0]
     if window < 1 or last < 2 * window:
         return False
@@ -170,27 +172,41 @@ class Run:
     a run advanced 0 -> 200 -> 400 gives the numbers of one advanced 0 -> 400.
     """
 
-    def __init__(self, config: TrainConfig, lr: float):
+    def __init__(self, config: TrainConfig, lr: float, plateau: float | None = None):
         torch.set_num_threads(config.threads)
         self.config, self.lr = config, lr
         self.device = device = torch.device(config.device)
         self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" \
             else (lambda: None)
-        (train_x, train_y), (self.test_x, self.test_y) = datasets(config)
+        (train_x, train_y), (self.val_x, self.val_y), self.test = datasets(config)
         self.train_x, self.train_y = train_x.to(device), train_y.to(device)  # once
         self.model = build_model(config).to(device)
         self.opt = torch.optim.AdamW(self.model.param_groups(config.weight_decay), lr=lr)
+        self.decay = None  # (start, end) of a settled run's decay; None: the cap's
+        self.checkpoint = None  # the run's state from before its decay (`extend`)
+        self.settles = True  # an extended run goes on to its new cap
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: schedule(s, config.max_steps, config.warmup))
+            self.opt, lambda s: schedule(s, self.config.max_steps, self.config.warmup,
+                                         self.decay))
         self.order = torch.Generator().manual_seed(config.seed)
         self.perm, self.at = torch.randperm(len(self.train_x), generator=self.order), 0
         self.rng = torch.get_rng_state()
-        self.best = (-1.0, 0, 0.0)  # accuracy, step, seconds
+        self.best = (-1.0, 0, 0.0)  # validation accuracy, step, seconds
+        self.kept = None  # the model's weights at its best validation accuracy
+        self.tested = None  # (accuracy, loss) on the test set at `kept`, once it ends
         self.to_0_9, self.history, self.losses, self.step_s = None, [], [], []
         self.held_out_loss = []  # [[step, held-out loss], ...]
         self.final_loss, self.step, self.seconds = None, 0, 0.0
         self.stopped = None  # "early_stop", "settled", "cap" or "nonfinite" once it ends
         self.failure = ""
+        # The settling rule's floor: the plateau (the task's, or the caller's for a variant
+        # of limited reach, harness.train.rows.plateau_of) plus the margin on this set.
+        self.scored = int((self.val_y != tasks.IGNORE).sum())
+        if plateau is None:
+            plateau = tasks.get(config.task).plateau(config.seq_len, config.vocab_size,
+                                                     **config.task_param_dict)
+        self.plateau = plateau
+        self.floor = plateau + outcome.margin(plateau, self.scored)
 
     @property
     def done(self) -> bool:
@@ -206,17 +222,28 @@ class Run:
         try:
             with flushed_denormals():
                 while not self.done and self.step < until:
+                    if self.step == decay_start(c.max_steps) and self.decay is None \
+                            and is_wsd(c.warmup):
+                        self._keep_checkpoint()
                     self._one_step()
                     if self.done:
                         break
                     step = self.step
                     if step % c.eval_every == 0 or step == c.max_steps:
                         self._evaluate(time.perf_counter() - start)
+            if self.done and self.stopped != "nonfinite" and self.tested is None:
+                self._test()
         finally:
             self.seconds = time.perf_counter() - start
             self.rng = torch.get_rng_state()
             torch.set_rng_state(rng)
         return self.result()
+
+    def _test(self) -> None:
+        """The test set scored once, at the kept checkpoint (best validation accuracy)."""
+        if self.kept is not None:
+            self.model.load_state_dict(self.kept)
+        self.tested = evaluate(self.model, *self.test, self.device)
 
     def _one_step(self) -> None:
         c = self.config
@@ -245,32 +272,73 @@ class Run:
 
     def _evaluate(self, elapsed: float) -> None:
         c = self.config
-        acc, loss = evaluate(self.model, self.test_x, self.test_y, self.device)
+        acc, loss = evaluate(self.model, self.val_x, self.val_y, self.device)
         self.history.append([self.step, acc])
         self.held_out_loss.append([self.step, loss])
         if acc > self.best[0]:
             self.best = (acc, self.step, elapsed)
+            self.kept = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         if self.to_0_9 is None and acc >= 0.9:
             self.to_0_9 = self.step
         self.final_loss, self.losses = statistics.fmean(self.losses), []
         if acc >= c.early_stop:
             self.stopped = "early_stop"
-        elif settled(self.history, c.settle_window, c.settle_margin, c.early_stop,
-                     self.held_out_loss):
-            self.stopped = "settled"
+        elif self.decay is not None and self.step >= self.decay[1]:
+            self.stopped = "settled"  # the end of its decay
+        elif self.decay is None and self.settles and settled(
+                self.history, c.settle_window, c.settle_margin, c.early_stop,
+                self.held_out_loss, self.floor):
+            if is_wsd(c.warmup) and self.step < decay_start(c.max_steps):
+                self._keep_checkpoint()  # then decay before the test evaluation
+                self.decay = (self.step, min(c.max_steps,
+                                             self.step + settle_decay(self.step, c.eval_every)))
+            else:
+                self.stopped = "settled"
         elif self.step >= c.max_steps:
             self.stopped = "cap"
 
+    def _keep_checkpoint(self) -> None:
+        """The run's state now, before its decay: model, optimiser, batch order, random
+        state and what it recorded; `extend` continues from it."""
+        self.checkpoint = copy.deepcopy({
+            "step": self.step, "model": self.model.state_dict(),
+            "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
+            "perm": self.perm, "at": self.at, "order": self.order.get_state(),
+            "rng": torch.get_rng_state(), "best": self.best, "kept": self.kept,
+            "to_0_9": self.to_0_9, "history": self.history, "losses": self.losses,
+            "held_out_loss": self.held_out_loss, "final_loss": self.final_loss})
+
+    @classmethod
+    def extend(cls, checkpoint: dict, config: TrainConfig, lr: float,
+               plateau: float | None = None) -> "Run":
+        """A run continued from `checkpoint` (another run's, from before its decay) under
+        `config`, whose cap is larger: the run that cap would have trained, to its
+        decay. It goes on to its cap without settling."""
+        run = cls(config, lr, plateau)
+        k = copy.deepcopy(checkpoint)
+        run.model.load_state_dict(k["model"])
+        run.opt.load_state_dict(k["opt"])
+        run.sched.load_state_dict(k["sched"])
+        run.order.set_state(k["order"])
+        run.perm, run.at, run.rng, run.step = k["perm"], k["at"], k["rng"], k["step"]
+        run.best, run.kept, run.to_0_9 = k["best"], k["kept"], k["to_0_9"]
+        run.history, run.held_out_loss = k["history"], k["held_out_loss"]
+        run.losses, run.final_loss = k["losses"], k["final_loss"]
+        run.settles = False
+        return run
+
     def result(self) -> dict:
-        """status "ok" with: accuracy (best held-out), steps and time_to_best_s (when the
-        best was reached), steps_to_0_9 (first evaluation at >= 0.9, else None), step_ms
-        (median time of a training step: forward, backward, optimiser), final_loss (mean
-        training loss since the previous evaluation), train_s (the run's wall time),
-        steps_run, n_params, history [[step, accuracy], ...], held_out_loss [[step, loss],
-        ...], rising (still_rising of that history), settled (the settling rule on both),
-        stopped (early_stop,
-        settled, cap, or None while it may go on). status "nonfinite" when the training
-        loss turned NaN or Inf."""
+        """status "ok" with: accuracy (best validation accuracy), test_accuracy (the test
+        set's at that checkpoint, scored once the run has ended; None before), steps and
+        time_to_best_s (when the best was reached), steps_to_0_9 (first evaluation at >=
+        0.9, else None), step_ms (median time of a training step: forward, backward,
+        optimiser), final_loss (mean training loss since the previous evaluation),
+        train_s (the run's wall time), steps_run, n_params, history [[step, accuracy],
+        ...], held_out_loss [[step, loss], ...], rising (still_rising of that history),
+        settled (the settling rule on both), stopped (early_stop, settled, cap, or None
+        while it may go on), plateau (the settling rule's) and val_scored (the scored
+        positions of the held-out set). status "nonfinite" when the training loss turned
+        NaN or Inf."""
         if self.stopped == "nonfinite":
             return {"status": "nonfinite", "reason": self.failure, "steps_run": self.step,
                     "train_s": self.seconds}
@@ -282,9 +350,11 @@ class Run:
                 "steps_run": self.step, "n_params": self.model.n_params(),
                 "history": self.history, "held_out_loss": self.held_out_loss,
                 "rising": still_rising(self.history, c.early_stop),
-                "settled": settled(self.history, c.settle_window, c.settle_margin,
-                                   c.early_stop, self.held_out_loss),
-                "stopped": self.stopped}
+                "settled": self.stopped in ("early_stop", "settled") or settled(
+                    self.history, c.settle_window, c.settle_margin, c.early_stop,
+                    self.held_out_loss, self.floor),
+                "stopped": self.stopped, "plateau": self.plateau, "val_scored": self.scored,
+                "test_accuracy": None if self.tested is None else self.tested[0]}
 
 
 def train(config: TrainConfig, lr: float) -> dict:
