@@ -279,8 +279,9 @@ def _plan_minutes(preset: str) -> tuple[list, float]:
 
 def test_train_cpu_is_the_frontier_on_two_causal_mqar_settings():
     _, configs = tm.load("train-cpu")
-    assert {(c.task, c.seq_len, c.task_param_dict["num_kv_pairs"], c.causal)
-            for c in configs} == {("mqar", 64, 8, True), ("mqar", 128, 16, True)}
+    # N = 128 at issue 49's probe setting: 32 pairs, vocabulary 512 (docs/training.md)
+    assert {(c.task, c.seq_len, c.task_param_dict["num_kv_pairs"], c.vocab_size, c.causal)
+            for c in configs} == {("mqar", 64, 8, 64, True), ("mqar", 128, 32, 512, True)}
     assert {c.layers for c in configs} == {1} and {c.threads for c in configs} == {1}
     assert tm.sweep_workers("train-cpu") == 2
     lrs = sorted(configs[0].lrs)
