@@ -39,3 +39,4 @@ from . import band_lowrank  # noqa: E402,F401
 from . import routed  # noqa: E402,F401
 from . import recurrent  # noqa: E402,F401
 from . import library  # noqa: E402,F401
+from . import floor  # noqa: E402,F401

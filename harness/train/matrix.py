@@ -419,4 +419,8 @@ def load(source: str, overrides: dict | None = None) -> tuple[dict, list[TrainCo
                          "takes a training matrix: train-quick, train-cpu, mad-cpu, "
                          "hybrid-cpu, train-gpu or a file like them")
     matrix = normalise(raw, overrides)
-    return matrix, expand(matrix)
+    configs = expand(matrix)
+    from harness.train import lm  # its corpora read and split now: a bad one is exit 2 here
+
+    lm.check_plan(configs)
+    return matrix, configs

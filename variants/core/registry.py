@@ -106,9 +106,12 @@ def names(private: bool = False) -> list[str]:
     """Every registered variant name, in registration order.
 
     Names starting with "_" are private (test fixtures such as deliberately failing
-    variants): listed only with private=True, but `build` and `spec` take them.
+    variants), and floors (`floor`: `none`, the trained comparisons' mixer that mixes
+    nothing) are no benchmark variant: listed only with private=True, but `build` and
+    `spec` take them.
     """
-    return [n for n in _REGISTRY if private or not n.startswith("_")]
+    return [n for n in _REGISTRY if private or not (
+        n.startswith("_") or getattr(_REGISTRY[n], "floor", False))]
 
 
 def _cls(name: str) -> type[Variant]:
