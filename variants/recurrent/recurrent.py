@@ -55,8 +55,9 @@ class BetaMax:
 
     def __init__(self, params=None):
         super().__init__(params)
-        if self.params.beta_max != 1.0:
-            self.inputs = tuple(beta_spec(self.params.beta_max) if s.name == "beta" else s
+        beta_max = getattr(self.params, "beta_max", 1.0)  # a subclass of other Params
+        if beta_max != 1.0:
+            self.inputs = tuple(beta_spec(beta_max) if s.name == "beta" else s
                                 for s in type(self).inputs)
 
 
