@@ -90,6 +90,9 @@ def test_a_unigram_model_scores_exactly_unigram_bpb_on_test_and_validation(jsonl
     got = lm.test_scores(model, config, "cpu")
     assert got["bits_per_byte"] == pytest.approx(got["unigram_bpb"], rel=1e-12)
     assert got["bigram_bpb"] < got["unigram_bpb"]
+    _, _, (_, ty) = lm.data(config)  # it always guesses train's commonest byte
+    top = int(model.logp.argmax())
+    assert got["accuracy"] == pytest.approx(float((ty == top).sum() / (ty != -100).sum()))
     # the trainer's validation number is the same definition (mean nats / ln 2)
     _, loss = trainer.evaluate(model, vx, vy, torch.device("cpu"))
     assert loss / math.log(2) == pytest.approx(text_metrics.unigram_bpb(train, vy), rel=1e-6)

@@ -183,6 +183,18 @@ def make_params(name: str, **params):
         raise ValueError(f"{name}: {e}") from None
 
 
+def stored_params(name: str, **params) -> dict:
+    """A setting's full parameters as results store them (the `params` column, the ids):
+    make_params' fields, those declared `later` (param(later=True)) left out at their
+    default, which is what a setting stored before them ran."""
+    made = make_params(name, **params)
+    out = dataclasses.asdict(made)
+    for f in dataclasses.fields(made):
+        if f.metadata.get("later") and out[f.name] == f.default:
+            del out[f.name]
+    return out
+
+
 def build(name: str, **params) -> Variant:
     """A built variant module; unknown names or invalid parameters raise ValueError."""
     return _cls(name)(make_params(name, **params))

@@ -45,7 +45,7 @@ class DeltaParams:
                             "beta = beta_max sigmoid(x), in (0, beta_max); above 1 the "
                             "transition I - beta k k^T has a negative eigenvalue, which "
                             "state tracking (parity) needs (Grazzi et al. 2024, "
-                            "arXiv:2411.12537: 2)")
+                            "arXiv:2411.12537: 2)", later=True)
 
 
 class BetaMax:
