@@ -313,3 +313,26 @@ def _read_rows(folder):
     import csv
     with (folder / "train.csv").open(newline="") as f:
         return list(csv.DictReader(f))
+
+
+# -- the presets -----------------------------------------------------------------------------
+def test_the_lm_and_state_presets_train_what_the_issue_asks():
+    from harness.measure.matrix import read_toml
+
+    lm_cpu = tm.expand(tm.normalise({k: v for k, v in read_toml("lm-cpu").items()
+                                     if k != "workers"}))
+    assert {c.variant for c in lm_cpu} == {
+        "none", "sdpa", "sliding_window", "linear", "retention", "gla", "mamba2", "deltanet",
+        "gated_deltanet", "kda", "moba", "gated_deltanet*3+sdpa"}
+    assert {c.task for c in lm_cpu} == {"lm"} and all(c.early_stop == 0 for c in lm_cpu)
+    assert all(len(c.seeds) == 2 and c.causal for c in lm_cpu)
+    state = tm.expand(tm.normalise({k: v for k, v in read_toml("state-cpu").items()
+                                    if k != "workers"}))
+    beta = {(c.variant, json.loads(c.params).get("beta_max", 1.0)) for c in state}
+    assert beta == {("sdpa", 1.0), ("mamba2", 1.0), ("gla", 1.0), ("kda", 1.0),
+                    ("deltanet", 1.0), ("deltanet", 2.0), ("gated_deltanet", 1.0),
+                    ("gated_deltanet", 2.0)}
+    assert {(c.task, c.seq_len) for c in state} == {
+        (t, n) for t in ("parity", "mod_sum") for n in (16, 64)}
+    gpu = tm.normalise({k: v for k, v in read_toml("lm-gpu").items() if k != "workers"})
+    assert {c.device for c in tm.expand(gpu)} == {"cuda"}
