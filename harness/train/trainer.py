@@ -10,7 +10,11 @@ at least twice that long, and its best above its plateau plus the margin), or at
 max_steps, the cap; then the test set is scored once, at the weights of its best
 validation accuracy (the kept checkpoint). A run can be paused and
 resumed (`Run.advance`, the race of learning rates: harness.train.race): its numbers are
-those of one uninterrupted run. Accuracy is the share of scored positions
+those of one uninterrupted run. "Accuracy" below is the task's metric (tasks.Task.metric):
+on the `lm` task bits per byte, lower is better, compared as its negative (tasks.score);
+an lm run draws fresh windows of its corpus at every step and scores its whole test split
+(harness.train.lm). A causal configuration's model is checked for causality before its
+first step (check_causal_model). Accuracy is the share of scored positions
 (labels != -100) whose arg-max prediction is the label. Everything random comes from the
 configuration's seeds: the validation and test sets from the cell's first seed s0, the
 training set from this seed s, the three disjoint (tasks.split), the initial weights
@@ -378,8 +382,10 @@ class Run:
         ...], held_out_loss [[step, loss], ...], rising (still_rising of that history),
         settled (the settling rule on both), stopped (early_stop, settled, cap, or None
         while it may go on), plateau (the settling rule's) and val_scored (the scored
-        positions of the held-out set). status "nonfinite" when the training loss turned
-        NaN or Inf."""
+        positions of the held-out set); `metric`, `score` (the best validation value as a
+        score, higher is better), `value` (it in the metric's units); an lm run's
+        `test_text` (harness.train.lm.test_scores). status "nonfinite" when the training
+        loss turned NaN or Inf."""
         if self.stopped == "nonfinite":
             return {"status": "nonfinite", "reason": self.failure, "steps_run": self.step,
                     "train_s": self.seconds}
@@ -421,7 +427,7 @@ def check_causal_model(model: RecallModel, config: TrainConfig, device) -> None:
     vocabulary from its seed): run on the initial weights, before any step, so a mixer that
     reads ahead fails here, not after training on answers it could see."""
     N = config.seq_len
-    if N < 2:
+    if N < 2 or config.vocab_size < 2:
         return
     g = torch.Generator().manual_seed(config.seed)
     x = torch.randint(0, config.vocab_size, (2, N), generator=g)
@@ -431,8 +437,10 @@ def check_causal_model(model: RecallModel, config: TrainConfig, device) -> None:
                                              generator=g)) % config.vocab_size
     was = model.training
     model.eval()
+    cuda = [device] if torch.device(device).type == "cuda" else []
     try:
-        a, b = model(x.to(device))[:, :t], model(y.to(device))[:, :t]
+        with torch.random.fork_rng(devices=cuda):  # the run's random state left as it was
+            a, b = model(x.to(device))[:, :t], model(y.to(device))[:, :t]
     finally:
         model.train(was)
     moved = float((a - b).abs().max())
