@@ -187,3 +187,83 @@ def hybrid_row(variant: str, accuracy: float, seed: int = 0, *, seq_len: int = 1
               "mixer": "+".join(dict.fromkeys(others))}
     r.update(over)
     return r
+
+
+# The `lm` task's rows (issue 50), bits per byte lower is better, python-docs at N = 256:
+# name -> (family, state bytes, step_ms, (bpb of seed 0, of seed 1), hit bpb, other bpb,
+# bpb at 2N or None). By construction: none is the floor (2.80); gated_deltanet is the
+# best at the recurrences' 8,192 bytes with gla tied inside its seeds' range and mamba2
+# not; sdpa's median 2.105 is met within 2% (2.147) by gated_deltanet (median 2.14) at a
+# faster step, not by gla (2.16) nor moba (2.21).
+TEXT_MIXERS = {
+    "none": ("none", 0, 4.0, (2.80, 2.81), 2.9, 2.8, 2.79),
+    "sdpa": ("exact", 131072, 10.0, (2.10, 2.11), 0.9, 2.2, 2.50),
+    "gla": ("recurrent", 8192, 7.0, (2.15, 2.17), 1.5, 2.2, 2.14),
+    "gated_deltanet": ("recurrent", 8192, 8.0, (2.12, 2.16), 1.2, 2.2, 2.12),
+    "mamba2": ("recurrent", 8192, 6.0, (2.30, 2.31), 1.8, 2.35, 2.29),
+    "moba": ("routed", 131072, 12.0, (2.20, 2.22), 1.1, 2.3, None),
+}
+TEXT_PARAMS = json.dumps({"corpus": "python-docs"})
+
+
+def text_row(variant: str, seed: int = 0, **over) -> dict:
+    """One lm row of a TEXT_MIXERS entry at one seed; `over` replaces any field."""
+    fam, state, ms, bpbs, hit, other, two = TEXT_MIXERS[variant]
+    bpb = bpbs[seed]
+    r = {"config_id": f"lm-{variant}-{seed}", "task": "lm", "task_params": TEXT_PARAMS,
+         "variant": variant, "family": fam, "params": "{}", "seq_len": 256,
+         "num_kv_pairs": None, "vocab_size": 256, "causal": True, "d_model": 64, "layers": 2,
+         "heads": 2, "mlp": True, "batch": 16, "max_steps": 1600, "device": "cpu",
+         "status": "ok", "reason": "", "accuracy": 0.5, "val_accuracy": 0.5, "best_lr": 3e-3,
+         "lrs": "[0.003]", "lr_accuracy": json.dumps({"0.003": bpb}), "lr_at_edge": False,
+         "rising": False, "steps": 1500, "time_to_best_s": 10.0, "steps_to_0_9": None,
+         "step_ms": ms, "train_s": 100.0, "final_loss": 1.5, "n_params": 100000,
+         "state_size": state // 4, "state_bytes": state, "chance": 1 / 256, "plateau": 4.6,
+         "reach": None, "seed": seed, "settled": True, "outcome": "learned",
+         "steps_run": 1600, "threads": 1, "metric": "bits_per_byte", "bits_per_byte": bpb,
+         "val_bits_per_byte": bpb + 0.05, "unigram_bpb": 4.66, "bigram_bpb": 3.78,
+         "hit_bpb": hit, "other_bpb": other, "hit_share": 0.05, "bpb_2n": two,
+         "bpb_4n": None if two is None else two + 0.01}
+    r.update(over)
+    return r
+
+
+def text_rows() -> list[dict]:
+    return [text_row(v, s) for v in TEXT_MIXERS for s in (0, 1)]
+
+
+# State-task rows: variant -> {(task, N): accuracy}. deltanet at beta_max 2 tracks parity
+# to N = 64, gated_deltanet(beta_max=2) to 16 only; mamba2 stays at chance.
+STATE_ACC = {
+    ("deltanet", 2.0): {("parity", 16): 1.0, ("parity", 64): 0.99, ("mod_sum", 16): 0.95,
+                        ("mod_sum", 64): 0.6},
+    ("gated_deltanet", 2.0): {("parity", 16): 0.98, ("parity", 64): 0.7,
+                              ("mod_sum", 16): 0.5, ("mod_sum", 64): 0.4},
+    ("mamba2", None): {("parity", 16): 0.5, ("parity", 64): 0.5, ("mod_sum", 16): 0.34,
+                       ("mod_sum", 64): 0.33},
+}
+
+
+def state_rows() -> list[dict]:
+    out = []
+    for (variant, beta), accs in STATE_ACC.items():
+        params = json.dumps({"chunk": 64, **({"beta_max": beta} if beta else {})},
+                            sort_keys=True)
+        for (task, n), acc in accs.items():
+            out.append({"config_id": f"{task}-{variant}-{n}", "task": task,
+                        "task_params": json.dumps({"m": 3} if task == "mod_sum" else {}),
+                        "variant": variant, "family": "recurrent", "params": params,
+                        "seq_len": n, "num_kv_pairs": None,
+                        "vocab_size": 2 if task == "parity" else 3, "causal": True,
+                        "d_model": 32, "layers": 1, "heads": 1, "mlp": False, "batch": 64,
+                        "max_steps": 1500, "device": "cpu", "status": "ok", "reason": "",
+                        "accuracy": acc, "val_accuracy": acc, "best_lr": 3e-3,
+                        "lrs": "[0.003]", "lr_accuracy": "{}", "lr_at_edge": False,
+                        "rising": False, "steps": 500, "time_to_best_s": 1.0,
+                        "steps_to_0_9": None, "step_ms": 3.0, "train_s": 10.0,
+                        "final_loss": 0.1, "n_params": 5000, "state_size": 1024,
+                        "state_bytes": 4096, "chance": 0.5 if task == "parity" else 1 / 3,
+                        "plateau": 0.5 if task == "parity" else 1 / 3, "reach": None,
+                        "seed": 0, "settled": True, "outcome": "learned", "steps_run": 500,
+                        "threads": 1, "metric": "accuracy"})
+    return out

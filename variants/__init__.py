@@ -21,12 +21,12 @@ point in the group `attnbench.variants` (`load_entry_points`).
 from .core import (WEIGHTS_MAX_N, KeyMask, ModuleError, ParamSpec, Variant, VariantSpec,
                    build, dense_mask, exact_reference, load_entry_points, load_module,
                    loaded_modules, make_params, naive_attention, names, origin, param,
-                   register, softmax_weights, spec)
+                   register, softmax_weights, spec, stored_params)
 
 __all__ = ["WEIGHTS_MAX_N", "KeyMask", "ModuleError", "ParamSpec", "Variant", "VariantSpec",
            "build", "dense_mask", "exact_reference", "load_entry_points", "load_module",
            "loaded_modules", "make_params", "naive_attention", "names", "origin", "param",
-           "register", "softmax_weights", "spec"]
+           "register", "softmax_weights", "spec", "stored_params"]
 
 # The families, in registration order; importing a package registers its variants.
 from . import exact  # noqa: E402,F401
@@ -39,3 +39,4 @@ from . import band_lowrank  # noqa: E402,F401
 from . import routed  # noqa: E402,F401
 from . import recurrent  # noqa: E402,F401
 from . import library  # noqa: E402,F401
+from . import floor  # noqa: E402,F401

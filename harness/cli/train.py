@@ -23,7 +23,7 @@ from harness.measure.matrix import read_toml
 from harness.measure.rows import NO_CUDA
 from harness.measure.store import matmul_fp32_gflops
 from harness.measure.worker import import_extra
-from harness.train import estimate, stops
+from harness.train import estimate, lm, stops
 from harness.train import matrix as tm
 from harness.train import runner
 from harness.train.store import TrainStore
@@ -171,6 +171,8 @@ def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | Non
     resume = store.check(matrix)
     if resume:
         modules.warn_changed(store.read_meta())  # variant modules edited since it started
+        # an lm corpus whose splits differ from the recorded ones: exit 2, nothing trained
+        lm.check_resume(store.read_meta().get("corpora"))
     if settings.kind != "serial":
         from harness.cluster import trained
 

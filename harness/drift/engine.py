@@ -88,7 +88,7 @@ class Source:
 
 def full_params(name: str, params: dict) -> dict:
     """Every parameter of a variant setting, defaults included (the params column)."""
-    return dataclasses.asdict(variants.make_params(name, **params))
+    return variants.stored_params(name, **params)
 
 
 def open_source(model: str | None, text_path, seq_lens: list[int], windows: int,

@@ -88,8 +88,22 @@ TRAIN_COLUMNS = [
     "lr_accuracy",
     "lr_at_edge", "rising", "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s",
     "final_loss", "n_params", "state_size", "state_bytes", "chance", "plateau", "reach",
-    "seed", "settled", "outcome", "steps_run", "threads"]
+    "seed", "settled", "outcome", "steps_run", "threads", "metric", "bits_per_byte",
+    "val_bits_per_byte", "unigram_bpb", "bigram_bpb", "hit_bpb", "other_bpb", "hit_share",
+    "bpb_2n", "bpb_4n"]
+# metric: what the task is scored by (issue 50): `accuracy` (higher is better) or
+# `bits_per_byte` (lower is better; the `lm` task), which picked the rate, stopped the run and
+# gave the outcome. On an lm row: bits_per_byte is the test split's (summed cross-entropy over
+# every predicted byte / ln 2 / bytes) at the kept checkpoint, val_bits_per_byte that run's
+# best on validation, unigram_bpb and bigram_bpb the train split's add-one n-grams on the same
+# test bytes, hit_bpb and other_bpb bits per byte on recall hits (a byte whose 7-gram occurred
+# earlier in its window and at most 100 times in train) and on the rest, hit_share the hits'
+# share, bpb_2n and bpb_4n the test split at 2N and 4N (empty where a mixer does not take that
+# length); accuracy the test bytes predicted right (arg-max), lr_accuracy each rate's best
+# validation bits per byte, plateau the train unigram's bits per byte on validation.
 # Columns train.csv gained after its first release (issues 29, 34, 35): a report of an older
 # file reads them as empty (state_bytes from state_size).
 TRAIN_LATER_COLUMNS = ["lrs", "lr_at_edge", "rising", "state_bytes", "settled", "steps_run",
-                       "attention_layers", "mixer", "plateau", "outcome", "val_accuracy"]
+                       "attention_layers", "mixer", "plateau", "outcome", "val_accuracy",
+                       "metric", "bits_per_byte", "val_bits_per_byte", "unigram_bpb",
+                       "bigram_bpb", "hit_bpb", "other_bpb", "hit_share", "bpb_2n", "bpb_4n"]

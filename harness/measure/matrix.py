@@ -265,7 +265,7 @@ def narrow_variants(groups: list[dict], narrow, errors: list[str]) -> None:
         elif n not in present and variants.origin(n).startswith("variants/"):
             errors.append(f"variant {n!r} is not in this matrix")
         elif n not in present:
-            defaults = json.dumps(dataclasses.asdict(variants.make_params(n)), sort_keys=True)
+            defaults = json.dumps(variants.stored_params(n), sort_keys=True)
             for g in groups:
                 g["variants"][n] = [defaults]
     for g in groups:
@@ -304,7 +304,7 @@ def _resolve_variants(spec, params: dict, where: str, errors: list[str]) -> dict
         resolved = []
         for s in settings:
             try:
-                full = dataclasses.asdict(variants.make_params(name, **s))
+                full = variants.stored_params(name, **s)
             except ValueError as e:
                 errors.append(str(e))
                 continue

@@ -6,7 +6,7 @@ to (hybrid.py), each where the folder holds its rows."""
 from __future__ import annotations
 
 from harness.report import captured as RC
-from harness.report import decoders, hybrid
+from harness.report import decoders, hybrid, text_state
 from harness.report import tables as T
 from harness.report import trained as report_trained
 from harness.report.run import Run, varying
@@ -15,7 +15,7 @@ TITLE = "Answers"
 
 
 def blocks(run: Run) -> list[tuple]:
-    if run.results is None and run.train is None:
+    if run.results is None and run.train is None and run.text is None:
         return []
     out: list[tuple] = [("h", 2, TITLE)]
     if not run.df.empty:
@@ -27,6 +27,10 @@ def blocks(run: Run) -> list[tuple]:
     if run.train is not None:
         out += report_trained.answer_blocks(run.train, run.timed)
         out += hybrid.answer_blocks(run.train)
+    if run.text is not None:  # the answers on text are in "Quality on text"
+        out.append(("p", f"Bits per byte on text: see \"{text_state.TEXT_TITLE}\" (its "
+                         "answers: the best at each state size, the fastest step within 2% "
+                         "of sdpa's, the recall order against the text order)."))
     return out
 
 

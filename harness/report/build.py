@@ -18,7 +18,7 @@ import pandas as pd
 
 from harness.report import (answers, budget, by_length, complexity, crossover, environment,
                             gflops, layers, pareto, scaling, settings, summary, unmeasured)
-from harness.report import generation, hybrid
+from harness.report import generation, hybrid, text_state
 from harness.report import maps as report_maps
 from harness.report import model as report_model
 from harness.report import run as report_run
@@ -51,6 +51,8 @@ ORDER = (
     _bench(lambda run: report_maps.maps_blocks(run.dir)),
     answers.blocks,
     _trained,
+    lambda run: text_state.text_blocks(run.text, run.train, run.dir),
+    lambda run: text_state.state_blocks(run.train, run.dir),
     hybrid.blocks,
     lambda run: report_model.drift_blocks(run.dir),
     _bench(lambda run: rounds_blocks(run.df, run.meta)),

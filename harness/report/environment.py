@@ -19,7 +19,8 @@ TITLE = "Environment"
 def blocks(run: Run) -> list[tuple]:
     if run.results is None:
         return ((report_model.environment_blocks(run.dir) if run.has_model else [])
-                + (report_trained.environment_blocks(run.dir) if run.train is not None else []))
+                + (report_trained.environment_blocks(run.dir)
+                   if run.train is not None or run.text is not None else []))
     meta = run.meta
     env = {k: v for k, v in meta.items() if k not in ("matrix", "shards")}
     out: list[tuple] = [("h", 2, TITLE)]

@@ -34,6 +34,9 @@ class Run:
     dec: pd.DataFrame
     train: pd.DataFrame | None
     has_model: bool
+    # train.csv's rows scored in bits per byte (the `lm` task): "Quality on text" reads
+    # them; `train` keeps the others (accuracy), which the recall sections read.
+    text: pd.DataFrame | None = None
 
     @property
     def name(self) -> str:
@@ -76,7 +79,17 @@ def read(run_dir) -> Run:
         df, dec = generation.split(df)  # decode rows: the Generation section alone reads them
     else:
         df = dec = pd.DataFrame()
-    return Run(run_dir, meta, results, df, dec, train, has_model)
+    train, text = split_text(train)
+    return Run(run_dir, meta, results, df, dec, train, has_model, text)
+
+
+def split_text(train: pd.DataFrame | None) -> tuple:
+    """(rows scored by accuracy, rows scored in bits per byte), each None when empty."""
+    if train is None:
+        return None, None
+    bpb = train["metric"] == "bits_per_byte"
+    return (None if bpb.all() else train[~bpb].reset_index(drop=True),
+            None if not bpb.any() else train[bpb].reset_index(drop=True))
 
 
 def varying(df: pd.DataFrame) -> list[str]:

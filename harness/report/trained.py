@@ -32,7 +32,9 @@ KEY = ["variant", "params", *SETTING, "seed"]
 _NUMERIC = ["seq_len", "vocab_size", "d_model", "layers", "heads", "accuracy", "best_lr",
             "steps", "time_to_best_s", "steps_to_0_9", "step_ms", "train_s", "final_loss",
             "n_params", "state_size", "state_bytes", "chance", "plateau", "reach", "num_kv_pairs",
-            "steps_run", "seed", "val_accuracy"]
+            "steps_run", "seed", "val_accuracy", "bits_per_byte", "val_bits_per_byte",
+            "unigram_bpb", "bigram_bpb", "hit_bpb", "other_bpb", "hit_share", "bpb_2n",
+            "bpb_4n"]
 
 
 def _bool(v) -> bool:

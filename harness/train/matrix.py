@@ -26,7 +26,9 @@ product, and the union (first occurrence of each configuration wins) is the run.
                                 #   warms up, then cosine to 0 (earlier folders' matrices)
     weight_decay = 0.1          # AdamW's
     eval_every = 50             # steps between held-out evaluations
-    early_stop = 0.99           # held-out accuracy that ends a run (and the race)
+    early_stop = 0.99           # held-out accuracy that ends a run (and the race); on a
+                                #   bits_per_byte task (lm) the bits per byte at or below
+                                #   which it ends, 0 for none (harness.train.lm)
     settle_window = 1000        # a run has settled: no gain above settle_margin over its last
     settle_margin = 0.02        #   settle_window steps, after at least 2 x settle_window
     race_steps = 0              # the race's first budget per rate (0: max_steps / 8)
@@ -417,6 +419,10 @@ def load(source: str, overrides: dict | None = None) -> tuple[dict, list[TrainCo
     if _BENCHMARK_ONLY & set(raw):  # a preset of `run` handed to `train`: say so, in short
         raise UsageError(f"{source} is a benchmark matrix (for `run_bench.py run`); `train` "
                          "takes a training matrix: train-quick, train-cpu, mad-cpu, "
-                         "hybrid-cpu, train-gpu or a file like them")
+                         "hybrid-cpu, lm-cpu, state-cpu, train-gpu or a file like them")
     matrix = normalise(raw, overrides)
-    return matrix, expand(matrix)
+    configs = expand(matrix)
+    from harness.train import lm  # its corpora read and split now: a bad one is exit 2 here
+
+    lm.check_plan(configs)
+    return matrix, configs

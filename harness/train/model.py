@@ -102,7 +102,9 @@ class InputLayer(nn.Module):
     def __init__(self, spec, d_model: int, heads: int):
         super().__init__()
         self.kind, self.heads = spec.layer, heads
-        if self.kind == "sigmoid":  # (B, H, N) in (0, 1)
+        # the declared range's top: a sigmoid input in (0, high) (DeltaNet's beta_max)
+        self.high = 1.0 if spec.high is None else float(spec.high)
+        if self.kind == "sigmoid":  # (B, H, N) in (0, high)
             self.proj = nn.Linear(d_model, heads)
         elif self.kind == "gla_gate":  # (B, H, N, d / H) <= 0
             self.proj = nn.Sequential(nn.Linear(d_model, GLA_GATE_RANK, bias=False),
@@ -131,6 +133,8 @@ class InputLayer(nn.Module):
         if self.kind == "sigmoid":
             # Kept strictly inside (0, 1) in float32 (sigmoid(17) rounds to 1).
             y = torch.sigmoid(y) * (1 - 2e-6) + 1e-6
+            if self.high != 1.0:
+                y = y * self.high
         elif self.kind == "gla_gate":
             y = F.logsigmoid(y).div(GLA_GATE_NORMALISER).view(B, N, self.heads, d // self.heads)
         elif self.kind == "kda_gate":

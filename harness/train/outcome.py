@@ -37,6 +37,17 @@ def margin(p: float, scored: int | None) -> float:
     return max(MIN_MARGIN, 3 * math.sqrt(p * (1 - p) / scored))
 
 
+BPB_MARGIN = 0.02  # bits per byte: the least difference read as one on a bits_per_byte task
+
+
+def metric_margin(metric: str, p: float | None, scored: int | None) -> float:
+    """The margin on a task's metric: accuracy's `margin`; on bits per byte, BPB_MARGIN (a
+    validation set of 100,000 bytes measures its mean to well under 0.01 bits)."""
+    if metric == "accuracy":
+        return margin(0.0 if p is None else p, scored) if p is not None else MIN_MARGIN
+    return BPB_MARGIN
+
+
 def plateau(task_plateau: float, chance: float, reach: float | None) -> float:
     """A configuration's plateau: the task's, or for a variant that reads only a share
     `reach` of the answers, reach x the task's + (1 - reach) x chance (the other queries

@@ -3,7 +3,8 @@
 Li et al. 2018) with a cut that cannot be made on noise.
 
 Every rate runs a first budget of steps; then, at each rung, a rate is cut only when it
-trails the leader (the best validation accuracy so far) by more than the margin,
+trails the leader (the best validation score so far: accuracy, or on a bits_per_byte task
+the lowest bits per byte, with a margin of 0.02 bits) by more than the margin,
 max(0.02, three binomial standard errors of the validation set at the leader's accuracy,
 harness.train.outcome.margin), and the leader is above its plateau plus the margin: on
 MQAR's plateau every rate reads the same accuracy, and which one rises first is not yet
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from harness.train import outcome
+from harness.train import outcome, tasks
 
 ETA = 2  # the budget is multiplied by ETA at each rung
 
@@ -46,7 +47,7 @@ def race(lrs, advance: Callable[[float, int], dict], *, first: int, cap: int,
             if r is not None and _finished(r):
                 continue
             results[lr] = r = advance(lr, budget)
-            if r["status"] == "ok" and r["accuracy"] >= early_stop:
+            if r["status"] == "ok" and score(r) >= early_stop:
                 return list(results.items())
         alive = [lr for lr in alive if results[lr]["status"] == "ok"]
         going = [lr for lr in alive if not _finished(results[lr])]
@@ -62,13 +63,13 @@ def race(lrs, advance: Callable[[float, int], dict], *, first: int, cap: int,
         cut = [lr for lr, r in ok.items() if not _finished(r)]
         if not cut:
             break
-        lr = max(cut, key=lambda lr: results[lr]["accuracy"])
+        lr = max(cut, key=lambda lr: score(results[lr]))
         if done:
-            top = max(done, key=lambda r: r["accuracy"])
-            if results[lr]["accuracy"] <= top["accuracy"] + _margin(top, margin):
+            top = max(done, key=score)
+            if score(results[lr]) <= score(top) + _margin(top, margin):
                 break
         results[lr] = r = advance(lr, cap)
-        if r["status"] == "ok" and r["accuracy"] >= early_stop:
+        if r["status"] == "ok" and score(r) >= early_stop:
             return list(results.items())
     further = beyond(lrs, results, early_stop) if edge else None
     if further is not None:
@@ -80,14 +81,13 @@ def keep(lrs: list[float], results: dict[float, dict],
          margin: float = outcome.MIN_MARGIN) -> list[float]:
     """The rates that go on, in their order: all of them while the leader is within the
     margin of its plateau; else those within the margin of the leader."""
-    acc = {lr: results[lr]["accuracy"] for lr in lrs}
+    acc = {lr: score(results[lr]) for lr in lrs}
     lead = results[max(lrs, key=acc.get)]
-    plateau = lead.get("plateau", 0.0)
-    if outcome.on_plateau(lead["accuracy"], plateau, lead.get("val_scored")) or \
-            lead["accuracy"] <= plateau + margin:
+    plateau = tasks.score(lead.get("metric", "accuracy"), lead.get("plateau", 0.0))
+    if score(lead) <= plateau + _margin_at(lead, plateau) or score(lead) <= plateau + margin:
         return list(lrs)
     gap = _margin(lead, margin)
-    return [lr for lr in lrs if acc[lr] >= lead["accuracy"] - gap]
+    return [lr for lr in lrs if acc[lr] >= score(lead) - gap]
 
 
 def beyond(lrs, results: dict[float, dict], early_stop: float) -> float | None:
@@ -97,15 +97,27 @@ def beyond(lrs, results: dict[float, dict], early_stop: float) -> float | None:
     done = [(lr, r) for lr, r in results.items() if r["status"] == "ok" and _finished(r)]
     if len(grid) < 2 or not done:
         return None
-    lr, best = max(done, key=lambda p: p[1]["accuracy"])
-    if best["accuracy"] >= early_stop or lr not in (grid[0], grid[-1]):
+    lr, best = max(done, key=lambda p: score(p[1]))
+    if score(best) >= early_stop or lr not in (grid[0], grid[-1]):
         return None
     near = grid[1] if lr == grid[0] else grid[-2]
     return float(f"{lr * lr / near:.2g}")
 
 
+def score(result: dict) -> float:
+    """A run's best validation score, higher is better (tasks.score: its accuracy, or the
+    negative of its bits per byte); a result from before scores: its accuracy."""
+    return result["score"] if "score" in result else result["accuracy"]
+
+
+def _margin_at(result: dict, at: float) -> float:
+    """The margin of the result's metric at the score `at`."""
+    metric = result.get("metric", "accuracy")
+    return outcome.metric_margin(metric, tasks.score(metric, at), result.get("val_scored"))
+
+
 def _margin(result: dict, least: float) -> float:
-    return max(least, outcome.margin(result["accuracy"], result.get("val_scored")))
+    return max(least, _margin_at(result, score(result)))
 
 
 def _finished(result: dict) -> bool:

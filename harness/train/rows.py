@@ -11,7 +11,8 @@ import torch
 
 from harness.measure import layers, stack
 from harness.measure.rows import NO_CUDA
-from harness.train import outcome, schedule, tasks, trainer
+from harness.train import lm, outcome, schedule, tasks, trainer
+from harness.train.race import score
 from harness.train.matrix import TrainConfig
 from harness.train.model import CONV_KERNEL
 
@@ -21,7 +22,7 @@ STATE_DTYPE = torch.float32  # the trained model's dtype: state_bytes = state_si
 # When no rate ran ok, the row takes the most telling failure: an error is a bug to read,
 # a non-finite loss an outcome of training.
 _SEVERITY = ("error", "oom", "timeout", "nonfinite")
-_BEST_FIELDS = ("accuracy", "steps", "time_to_best_s", "steps_to_0_9", "step_ms",
+_BEST_FIELDS = ("steps", "time_to_best_s", "steps_to_0_9", "step_ms",
                 "final_loss", "n_params", "rising", "settled", "steps_run")
 
 
@@ -66,7 +67,8 @@ def config_row(config: TrainConfig, module) -> dict:
             "state_size": state,
             "state_bytes": None if state is None else state * STATE_DTYPE.itemsize,
             "lrs": json.dumps(list(config.lrs)),
-            "chance": chance, "reach": at, "plateau": plateau}
+            "chance": chance, "reach": at, "plateau": plateau,
+            "metric": tasks.metric_of(config.task)}
 
 
 _PLATEAUS: dict[str, tuple] = {}
@@ -75,6 +77,11 @@ _PLATEAUS: dict[str, tuple] = {}
 def plateau_of(config: TrainConfig, module=None) -> tuple[float, float, float | None]:
     """(plateau, chance, reach) of a configuration (harness.train.outcome.plateau), cached;
     `module` its built variant, built here when not given."""
+    if config.config_id not in _PLATEAUS and config.task == lm.TASK:
+        _PLATEAUS.clear()  # bits per byte: the train unigram's on the validation bytes
+        task = tasks.get(config.task)
+        _PLATEAUS[config.config_id] = (lm.plateau(config), task.chance(
+            config.seq_len, config.vocab_size, **config.task_param_dict), None)
     if config.config_id not in _PLATEAUS:
         task = tasks.get(config.task)
         p = {**task.params, **config.task_param_dict}
@@ -95,7 +102,8 @@ def reach(config: TrainConfig, module) -> float | None:
     position j carries tokens j-2..j, and the key sits just before its answer). The other
     queries it can only guess. None for other variants (no pattern, or more layers, which
     can relay)."""
-    mask = module.key_mask(config.seq_len) if config.layers == 1 else None
+    mask = module.key_mask(config.seq_len) if config.layers == 1 and \
+        config.task != lm.TASK else None
     if mask is None:
         return None
     task = tasks.get(config.task)
@@ -136,8 +144,10 @@ def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
              if r["status"] != "ok"]
     ran = {lr for lr, _, _ in runs}
     untried = [f"{lr:g}" for lr in config.lrs if lr not in ran]
-    if untried and ok and max(r["accuracy"] for _, r in ok) >= config.early_stop:
-        first = next(lr for lr, r in ok if r["accuracy"] >= config.early_stop)
+    target = trainer.target_score(config)
+    metric = tasks.metric_of(config.task)
+    if untried and ok and max(score(r) for _, r in ok) >= target:
+        first = next(lr for lr, r in ok if score(r) >= target)
         notes.append(f"lr={', '.join(untried)} not run: lr={first:g} reached "
                      f"early_stop={config.early_stop:g}")
     elif untried and config.first_seed:
@@ -147,7 +157,7 @@ def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
     if cut:
         notes.append(f"raced: lr={', '.join(cut)} cut")
     out = {"train_s": sum(w for _, _, w in runs), "curves": curves(runs),
-           "lr_accuracy": json.dumps({f"{lr:g}": round(r["accuracy"], 5) if r["status"] == "ok"
+           "lr_accuracy": json.dumps({f"{lr:g}": round(_value(r), 5) if r["status"] == "ok"
                                       else r["status"] for lr, r, _ in runs})}
     if not ok:
         statuses = [r["status"] for _, r, _ in runs]
@@ -156,18 +166,53 @@ def combine(config: TrainConfig, runs: list[tuple[float, dict, float]]) -> dict:
                 "outcome": "diverged" if status == "nonfinite" else None}
     lr, best = max(ok, key=_rank)
     tested = best.get("test_accuracy")
-    return {**out, "status": "ok", "reason": "; ".join(notes), "best_lr": lr,
-            **{k: best.get(k) for k in _BEST_FIELDS},
-            "accuracy": best["accuracy"] if tested is None else tested,
-            "val_accuracy": best["accuracy"],
-            "lr_at_edge": lr_at_edge([*config.lrs, *(x for x in ran if x not in config.lrs)],
-                                     lr, best["accuracy"], config.early_stop),
-            "outcome": run_outcome(config, best)}
+    row = {**out, "status": "ok", "reason": "; ".join(notes), "best_lr": lr,
+           **{k: best.get(k) for k in _BEST_FIELDS},
+           "accuracy": best["accuracy"] if tested is None else tested,
+           "val_accuracy": best["accuracy"],
+           "lr_at_edge": lr_at_edge([*config.lrs, *(x for x in ran if x not in config.lrs)],
+                                    lr, score(best), target),
+           "outcome": run_outcome(config, best), "metric": metric}
+    if metric == lm.METRIC:  # the test split's numbers (harness.train.lm.test_scores)
+        text = best.get("test_text") or {}
+        row.update({k: text.get(k) for k in TEXT_FIELDS})
+        row["val_bits_per_byte"] = _value(best)
+        if text.get("accuracy") is not None:
+            row["accuracy"] = text["accuracy"]
+        if text.get("bits_per_byte") is None:  # a cut run: its validation number
+            row["bits_per_byte"] = row["val_bits_per_byte"]
+    return row
+
+
+# An lm row's columns from the test split (harness.train.lm.test_scores).
+TEXT_FIELDS = ("bits_per_byte", "unigram_bpb", "bigram_bpb", "hit_bpb", "other_bpb",
+               "hit_share", "bpb_2n", "bpb_4n")
+
+
+def _value(result: dict) -> float:
+    """A run's best validation number in its metric's units (accuracy, bits per byte)."""
+    return result["value"] if result.get("value") is not None else result["accuracy"]
 
 
 def run_outcome(config: TrainConfig, result: dict) -> str | None:
     """The outcome (harness.train.outcome) of a finished run's result."""
     plateau, chance, at = plateau_of(config)
+    metric = tasks.metric_of(config.task)
+    if metric != "accuracy":  # compared as scores (higher is better), the margin in bits
+        if result["status"] != "ok":
+            return outcome.outcome(status=result["status"], accuracy=None, early_stop=0,
+                                   plateau_=0, chance=0, reach=None, scored=None,
+                                   held_out_loss=[], vocab_size=config.vocab_size,
+                                   warmup_steps=0)
+        if outcome.diverged(result.get("held_out_loss") or [], config.vocab_size,
+                            schedule.warmup_steps(config.warmup, config.max_steps)):
+            return "diverged"
+        best = score(result)
+        if best >= trainer.target_score(config):
+            return "learned"
+        floor = tasks.score(metric, result.get("plateau", plateau))
+        # No target to reach (early_stop 0): a run beyond its plateau has learned.
+        return "not_learned" if best <= floor + outcome.BPB_MARGIN else "learned"
     return outcome.outcome(
         status=result["status"], accuracy=result.get("accuracy"),
         early_stop=config.early_stop, plateau_=result.get("plateau", plateau), chance=chance,
@@ -191,7 +236,7 @@ def _rank(pair: tuple[float, dict]) -> tuple:
     cut run's number is not a settled one), then the best accuracy, then the run that went
     furthest; max() keeps the first of full ties."""
     r = pair[1]
-    return not _cut(r), r["accuracy"], r.get("steps_run") or 0
+    return not _cut(r), score(r), r.get("steps_run") or 0
 
 
 def _cut(result: dict) -> bool:

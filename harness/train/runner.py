@@ -37,7 +37,8 @@ from harness.measure import busy, layers
 from harness.measure.processes import Worker
 from harness.measure.rows import STATUSES
 from harness.measure.store import environment, now
-from harness.train import race
+from harness.train import lm, race
+from harness.train.trainer import target_score
 from harness.train.matrix import TrainConfig
 from harness.train.rows import (  # noqa: F401  (callers read them here)
     combine, config_row, lr_at_edge, reach, skip_reasons, state_elements)
@@ -98,7 +99,7 @@ def race_rates(config: TrainConfig, sweeper: Sweeper, bar=None, lrs=None) -> lis
         return got
 
     done = race.race(config.lrs if lrs is None else lrs, advance, first=config.first_budget,
-                     cap=config.max_steps, early_stop=config.early_stop, edge=lrs is None)
+                     cap=config.max_steps, early_stop=target_score(config), edge=lrs is None)
     return [(lr, r, wall[lr]) for lr, r in done]
 
 
@@ -237,6 +238,9 @@ def run(matrix: dict, configs: list[TrainConfig], store: TrainStore, *, resume: 
     meta.setdefault("started", now())
     meta.setdefault("sessions", []).append({"started": now(), "ended": None})
     meta.update({"matrix": matrix, "configs": len(configs), "ended": None})
+    corpora = lm.describe(configs)  # each lm corpus's splits: documents, bytes, sha256
+    if corpora:
+        meta["corpora"] = corpora
     meta["sessions"][-1]["workers"] = workers
     if estimate_s is not None:
         meta["sessions"][-1]["estimate_s"] = round(estimate_s, 1)

@@ -155,8 +155,12 @@ def specs() -> list[dict]:
 
 
 def register_into(register, task_class, records: list[dict]) -> None:
-    """register(task_class(**record)) for each record, with the fields task_class declares
-    (today's tasks.Task has no `metric` or `plateau`; issue 49's will)."""
+    """register(task_class(**record)) for each record, with the fields task_class declares;
+    a record's `plateau` goes to its `declared_plateau` (tasks.Task's `plateau` is the
+    method that reads it)."""
     fields = {f.name for f in dataclasses.fields(task_class)}
     for record in records:
+        record = dict(record)
+        if "plateau" in record and "declared_plateau" in fields:
+            record["declared_plateau"] = record.pop("plateau")
         register(task_class(**{k: v for k, v in record.items() if k in fields}))

@@ -26,6 +26,18 @@ import torch
 from harness.train import mad_tasks
 
 IGNORE = -100  # the label of a position that is not scored (torch's cross_entropy default)
+# A task's metric -> its sign: +1 higher is better, -1 lower is better. The trainer, the race
+# and the rows compare runs by the metric's `score`, sign x value (higher is better).
+METRICS = {"accuracy": 1, "bits_per_byte": -1}
+
+
+def score(metric: str, value: float) -> float:
+    """A metric's value as a score, higher is better (bits per byte: its negative)."""
+    return METRICS[metric] * value
+
+
+def metric_of(task: str) -> str:
+    return get(task).metric
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +60,28 @@ class Task:
     # (seq_len, vocab_size, **params) -> the accuracy of a model that has learned the format
     # and guesses among the context's candidates (harness.train.outcome); None: chance
     in_context_guess: Callable[..., float] | None = None
+    # What the race, the early stop, the settling rule and the outcome read: `accuracy`
+    # (higher is better) or `bits_per_byte` (lower is better; the `lm` task), METRICS.
+    metric: str = "accuracy"
+    # (seq_len, vocab_size, **params) -> the plateau, where a task declares it itself (the
+    # state tasks: chance); None: max(chance, in_context_guess). A bits_per_byte task's
+    # plateau is its data's (the train unigram's bits per byte, trainer.Run), not this.
+    declared_plateau: Callable[..., float] | None = None
+
+    def __post_init__(self):
+        if self.metric not in METRICS:
+            raise ValueError(f"task {self.name!r}: metric must be one of "
+                             f"{', '.join(METRICS)}, got {self.metric!r}")
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.metric] > 0
 
     def plateau(self, seq_len: int, vocab_size: int, **params) -> float:
         """The accuracy a run sits at before it has learned the task: max(chance, the
-        in-context guess)."""
+        in-context guess), or the task's declared plateau."""
+        if self.declared_plateau is not None:
+            return self.declared_plateau(seq_len, vocab_size, **params)
         low = self.chance(seq_len, vocab_size, **params)
         if self.in_context_guess is None:
             return low
@@ -323,3 +353,13 @@ register(Task(
     in_context_guess=mad_tasks.fuzzy_recall_guess,
 ))
 
+
+
+# -- language modelling and state tracking (text_windows.py, state_tasks.py) -----------------
+def _register_more() -> None:
+    from harness.train import state_tasks, text_windows
+
+    state_tasks.register_into(register, Task, [*state_tasks.specs(), text_windows.lm_spec()])
+
+
+_register_more()

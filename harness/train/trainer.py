@@ -10,7 +10,11 @@ at least twice that long, and its best above its plateau plus the margin), or at
 max_steps, the cap; then the test set is scored once, at the weights of its best
 validation accuracy (the kept checkpoint). A run can be paused and
 resumed (`Run.advance`, the race of learning rates: harness.train.race): its numbers are
-those of one uninterrupted run. Accuracy is the share of scored positions
+those of one uninterrupted run. "Accuracy" below is the task's metric (tasks.Task.metric):
+on the `lm` task bits per byte, lower is better, compared as its negative (tasks.score);
+an lm run draws fresh windows of its corpus at every step and scores its whole test split
+(harness.train.lm). A causal configuration's model is checked for causality before its
+first step (check_causal_model). Accuracy is the share of scored positions
 (labels != -100) whose arg-max prediction is the label. Everything random comes from the
 configuration's seeds: the validation and test sets from the cell's first seed s0, the
 training set from this seed s, the three disjoint (tasks.split), the initial weights
@@ -29,7 +33,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from harness.train import outcome, tasks
+from harness.train import lm, outcome, tasks, text_windows
 from harness.train.schedule import decay_start, is_wsd, schedule, settle_decay  # noqa: F401
 from harness.train.matrix import TrainConfig
 from harness.train.model import RecallModel
@@ -64,7 +68,10 @@ def flushed_denormals():
 
 def datasets(config: TrainConfig) -> tuple[tasks.Set, tasks.Set, tasks.Set]:
     """The (train, validation, test) sets of a configuration, each (inputs, labels),
-    disjoint (tasks.split), cached."""
+    disjoint (tasks.split), cached. The `lm` task's: (its train split's bytes, which
+    windows are drawn from at every step, validation, test) (harness.train.lm)."""
+    if config.task == lm.TASK:
+        return lm.data(config)
     key = (config.task, config.task_params, config.seq_len, config.vocab_size,
            config.train_examples, config.test_examples, config.validation_examples,
            config.seed, config.seeds[0])
@@ -172,15 +179,25 @@ class Run:
     a run advanced 0 -> 200 -> 400 gives the numbers of one advanced 0 -> 400.
     """
 
-    def __init__(self, config: TrainConfig, lr: float, plateau: float | None = None):
+    def __init__(self, config: TrainConfig, lr: float, plateau: float | None = None,
+                 check_causal: bool = True):
         torch.set_num_threads(config.threads)
         self.config, self.lr = config, lr
         self.device = device = torch.device(config.device)
         self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" \
             else (lambda: None)
-        (train_x, train_y), (self.val_x, self.val_y), self.test = datasets(config)
-        self.train_x, self.train_y = train_x.to(device), train_y.to(device)  # once
+        self.metric = tasks.metric_of(config.task)
+        self.sign = tasks.METRICS[self.metric]
+        self.text = config.task == lm.TASK  # windows drawn from a corpus at every step
+        if self.text:
+            self.train_bytes, (self.val_x, self.val_y), self.test = datasets(config)
+            self.train_x = self.train_y = None
+        else:
+            (train_x, train_y), (self.val_x, self.val_y), self.test = datasets(config)
+            self.train_x, self.train_y = train_x.to(device), train_y.to(device)  # once
         self.model = build_model(config).to(device)
+        if config.causal and check_causal:  # before any step: a mixer that reads ahead
+            check_causal_model(self.model, config, device)  # is an error row
         self.opt = torch.optim.AdamW(self.model.param_groups(config.weight_decay), lr=lr)
         self.decay = None  # (start, end) of a settled run's decay; None: the cap's
         self.checkpoint = None  # the run's state from before its decay (`extend`)
@@ -189,11 +206,15 @@ class Run:
             self.opt, lambda s: schedule(s, self.config.max_steps, self.config.warmup,
                                          self.decay))
         self.order = torch.Generator().manual_seed(config.seed)
-        self.perm, self.at = torch.randperm(len(self.train_x), generator=self.order), 0
+        self.perm = None if self.text else torch.randperm(len(self.train_x), generator=self.order)
+        self.at = 0
         self.rng = torch.get_rng_state()
-        self.best = (-1.0, 0, 0.0)  # validation accuracy, step, seconds
+        self.best_accuracy = None  # the validation accuracy at the best score
         self.kept = None  # the model's weights at its best validation accuracy
         self.tested = None  # (accuracy, loss) on the test set at `kept`, once it ends
+        # validation score (tasks.score), step, seconds; below any score before the first
+        self.best = (-1.0 if self.metric == "accuracy" else -1e9, 0, 0.0)
+        self.text_scores = None  # an lm run's test numbers (harness.train.lm.test_scores)
         self.to_0_9, self.history, self.losses, self.step_s = None, [], [], []
         self.held_out_loss = []  # [[step, held-out loss], ...]
         self.final_loss, self.step, self.seconds = None, 0, 0.0
@@ -203,10 +224,13 @@ class Run:
         # of limited reach, harness.train.rows.plateau_of) plus the margin on this set.
         self.scored = int((self.val_y != tasks.IGNORE).sum())
         if plateau is None:
-            plateau = tasks.get(config.task).plateau(config.seq_len, config.vocab_size,
-                                                     **config.task_param_dict)
-        self.plateau = plateau
-        self.floor = plateau + outcome.margin(plateau, self.scored)
+            plateau = lm.plateau(config) if self.text else tasks.get(config.task).plateau(
+                config.seq_len, config.vocab_size, **config.task_param_dict)
+        self.plateau = plateau  # in the metric's units (bits per byte: the train unigram's)
+        # The settling rule's floor and the target, as scores (higher is better).
+        self.floor = self.sign * plateau + outcome.metric_margin(self.metric, plateau,
+                                                                 self.scored)
+        self.target = target_score(config)
 
     @property
     def done(self) -> bool:
@@ -240,18 +264,34 @@ class Run:
         return self.result()
 
     def _test(self) -> None:
-        """The test set scored once, at the kept checkpoint (best validation accuracy)."""
+        """The test set scored once, at the kept checkpoint (best validation score); an lm
+        run's test numbers too (harness.train.lm.test_scores)."""
         if self.kept is not None:
             self.model.load_state_dict(self.kept)
         self.tested = evaluate(self.model, *self.test, self.device)
+        if self.text:
+            self.text_scores = lm.test_scores(self.model, self.config, self.device)
+
+    def value(self, accuracy: float, loss: float) -> float:
+        """A held-out evaluation's value in the task's metric: accuracy, or bits per byte
+        (the mean cross-entropy in nats over every predicted byte / ln 2)."""
+        return accuracy if self.metric == "accuracy" else loss / math.log(2)
+
+    def scores(self, history: list) -> list:
+        """[[step, score], ...] of a history in the metric's units (tasks.score)."""
+        return [[s, self.sign * v] for s, v in history]
 
     def _one_step(self) -> None:
         c = self.config
-        if self.at + c.batch > len(self.perm):  # a new epoch, reshuffled
-            self.perm, self.at = torch.randperm(len(self.train_x), generator=self.order), 0
-        idx = self.perm[self.at:self.at + c.batch].to(self.device)
-        self.at += c.batch
-        x, y = self.train_x[idx], self.train_y[idx]
+        if self.text:  # fresh windows of the train split, from the batch-order generator
+            x, y = text_windows.train_windows(self.train_bytes, c.batch, c.seq_len, self.order)
+            x, y = x.to(self.device), y.to(self.device)
+        else:
+            if self.at + c.batch > len(self.perm):  # a new epoch, reshuffled
+                self.perm, self.at = torch.randperm(len(self.train_x), generator=self.order), 0
+            idx = self.perm[self.at:self.at + c.batch].to(self.device)
+            self.at += c.batch
+            x, y = self.train_x[idx], self.train_y[idx]
         self.sync()
         t0 = time.perf_counter()
         where = y != tasks.IGNORE
@@ -273,20 +313,23 @@ class Run:
     def _evaluate(self, elapsed: float) -> None:
         c = self.config
         acc, loss = evaluate(self.model, self.val_x, self.val_y, self.device)
-        self.history.append([self.step, acc])
+        value = self.value(acc, loss)
+        score = self.sign * value
+        self.history.append([self.step, value])
         self.held_out_loss.append([self.step, loss])
-        if acc > self.best[0]:
-            self.best = (acc, self.step, elapsed)
+        if score > self.best[0]:
+            self.best = (score, self.step, elapsed)
+            self.best_accuracy = acc
             self.kept = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        if self.to_0_9 is None and acc >= 0.9:
+        if self.to_0_9 is None and self.metric == "accuracy" and acc >= 0.9:
             self.to_0_9 = self.step
         self.final_loss, self.losses = statistics.fmean(self.losses), []
-        if acc >= c.early_stop:
+        if score >= self.target:
             self.stopped = "early_stop"
         elif self.decay is not None and self.step >= self.decay[1]:
             self.stopped = "settled"  # the end of its decay
         elif self.decay is None and self.settles and settled(
-                self.history, c.settle_window, c.settle_margin, c.early_stop,
+                self.scores(self.history), c.settle_window, c.settle_margin, self.target,
                 self.held_out_loss, self.floor):
             if is_wsd(c.warmup) and self.step < decay_start(c.max_steps):
                 self._keep_checkpoint()  # then decay before the test evaluation
@@ -305,6 +348,7 @@ class Run:
             "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
             "perm": self.perm, "at": self.at, "order": self.order.get_state(),
             "rng": torch.get_rng_state(), "best": self.best, "kept": self.kept,
+            "best_accuracy": self.best_accuracy,
             "to_0_9": self.to_0_9, "history": self.history, "losses": self.losses,
             "held_out_loss": self.held_out_loss, "final_loss": self.final_loss})
 
@@ -322,6 +366,7 @@ class Run:
         run.order.set_state(k["order"])
         run.perm, run.at, run.rng, run.step = k["perm"], k["at"], k["rng"], k["step"]
         run.best, run.kept, run.to_0_9 = k["best"], k["kept"], k["to_0_9"]
+        run.best_accuracy = k.get("best_accuracy", k["best"][0])
         run.history, run.held_out_loss = k["history"], k["held_out_loss"]
         run.losses, run.final_loss = k["losses"], k["final_loss"]
         run.settles = False
@@ -337,24 +382,81 @@ class Run:
         ...], held_out_loss [[step, loss], ...], rising (still_rising of that history),
         settled (the settling rule on both), stopped (early_stop, settled, cap, or None
         while it may go on), plateau (the settling rule's) and val_scored (the scored
-        positions of the held-out set). status "nonfinite" when the training loss turned
-        NaN or Inf."""
+        positions of the held-out set); `metric`, `score` (the best validation value as a
+        score, higher is better), `value` (it in the metric's units); an lm run's
+        `test_text` (harness.train.lm.test_scores). status "nonfinite" when the training
+        loss turned NaN or Inf."""
         if self.stopped == "nonfinite":
             return {"status": "nonfinite", "reason": self.failure, "steps_run": self.step,
                     "train_s": self.seconds}
         c = self.config
-        return {"status": "ok", "reason": "", "accuracy": self.best[0], "steps": self.best[1],
+        scores = self.scores(self.history)
+        out = {"status": "ok", "reason": "", "metric": self.metric, "score": self.best[0],
+                "value": self.sign * self.best[0] if self.history else None,
+                "accuracy": self.best_accuracy if self.history else -1.0,
+                "steps": self.best[1],
                 "time_to_best_s": self.best[2], "steps_to_0_9": self.to_0_9,
                 "step_ms": 1e3 * statistics.median(self.step_s) if self.step_s else None,
                 "final_loss": self.final_loss, "train_s": self.seconds,
                 "steps_run": self.step, "n_params": self.model.n_params(),
                 "history": self.history, "held_out_loss": self.held_out_loss,
-                "rising": still_rising(self.history, c.early_stop),
+                "rising": still_rising(scores, self.target,
+                                       outcome.metric_margin(self.metric, None, None)
+                                       if self.metric != "accuracy" else RISE_MARGIN),
                 "settled": self.stopped in ("early_stop", "settled") or settled(
-                    self.history, c.settle_window, c.settle_margin, c.early_stop,
+                    scores, c.settle_window, c.settle_margin, self.target,
                     self.held_out_loss, self.floor),
                 "stopped": self.stopped, "plateau": self.plateau, "val_scored": self.scored,
                 "test_accuracy": None if self.tested is None else self.tested[0]}
+        if self.text:
+            out["test_text"] = self.text_scores
+        return out
+
+
+CAUSAL_TOL = 1e-4  # relative: a causal model's earlier logits move by rounding at most
+
+
+class NotCausal(ValueError):
+    """A configuration trained causally whose model reads later positions."""
+
+
+@torch.no_grad()
+def check_causal_model(model: RecallModel, config: TrainConfig, device) -> None:
+    """NotCausal unless the model's logits at positions before t are unchanged when the
+    tokens from t on change (t = seq_len / 2, two random sequences of the configuration's
+    vocabulary from its seed): run on the initial weights, before any step, so a mixer that
+    reads ahead fails here, not after training on answers it could see."""
+    N = config.seq_len
+    if N < 2 or config.vocab_size < 2:
+        return
+    g = torch.Generator().manual_seed(config.seed)
+    x = torch.randint(0, config.vocab_size, (2, N), generator=g)
+    t = N // 2
+    y = x.clone()
+    y[:, t:] = (x[:, t:] + 1 + torch.randint(0, config.vocab_size - 1, (2, N - t),
+                                             generator=g)) % config.vocab_size
+    was = model.training
+    model.eval()
+    cuda = [device] if torch.device(device).type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda):  # the run's random state left as it was
+            a, b = model(x.to(device))[:, :t], model(y.to(device))[:, :t]
+    finally:
+        model.train(was)
+    moved = float((a - b).abs().max())
+    scale = max(float(a.abs().max()), 1e-6)
+    if not (math.isfinite(moved) and math.isfinite(scale)):
+        return  # a non-finite output is the training's to report (status nonfinite)
+    if not moved <= CAUSAL_TOL * scale:
+        raise NotCausal(f"{config.variant} is not causal in this model: its logits before "
+                        f"position {t} move by {moved:.3g} (of {scale:.3g}) when the tokens "
+                        f"from {t} on change; a causal task cannot be trained on it")
+
+
+def target_score(config: TrainConfig) -> float:
+    """`early_stop` as a score (tasks.score): the accuracy that ends a run, or on a
+    bits_per_byte task the bits per byte at or below which it ends (0: never)."""
+    return tasks.score(tasks.metric_of(config.task), config.early_stop)
 
 
 def train(config: TrainConfig, lr: float) -> dict:

@@ -21,11 +21,12 @@ from .ops import (Workspace, compute_dtype, exp_, softmax_, softmax_logsumexp,
 from .modules import ModuleError, load_entry_points, load_module, loaded_modules
 from .reference import dense_mask, exact_reference, naive_attention, softmax_weights
 from .registry import (ParamSpec, VariantSpec, build, make_params, names, origin, register,
-                       spec)
+                       spec, stored_params)
 
 __all__ = ["CacheDecoder", "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
            "RingKV", "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build",
            "check_qkv", "compute_dtype", "dense_mask", "exact_reference", "exp_",
            "load_entry_points", "load_module", "loaded_modules", "make_params", "ModuleError",
            "naive_attention", "names", "origin", "param", "register", "softmax_",
-           "softmax_logsumexp", "softmax_lse_", "softmax_scale", "softmax_weights", "spec"]
+           "softmax_logsumexp", "softmax_lse_", "softmax_scale", "softmax_weights", "spec",
+           "stored_params"]

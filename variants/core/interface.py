@@ -31,9 +31,11 @@ class NoParams:
 
 
 def param(default, *, doc: str = "", choices: tuple | None = None, min: float | None = None,
-          max: float | None = None):
-    """A dataclass field for a variant parameter, with the constraints the registry checks."""
-    meta = {"doc": doc, "choices": choices, "min": min, "max": max}
+          max: float | None = None, later: bool = False):
+    """A dataclass field for a variant parameter, with the constraints the registry checks.
+    `later`: a parameter added after results were stored, left out of a setting's stored
+    form at its default (`registry.stored_params`), so that those results keep their ids."""
+    meta = {"doc": doc, "choices": choices, "min": min, "max": max, "later": later}
     return dataclasses.field(default=default, metadata=meta)
 
 

@@ -106,9 +106,12 @@ def names(private: bool = False) -> list[str]:
     """Every registered variant name, in registration order.
 
     Names starting with "_" are private (test fixtures such as deliberately failing
-    variants): listed only with private=True, but `build` and `spec` take them.
+    variants), and floors (`floor`: `none`, the trained comparisons' mixer that mixes
+    nothing) are no benchmark variant: listed only with private=True, but `build` and
+    `spec` take them.
     """
-    return [n for n in _REGISTRY if private or not n.startswith("_")]
+    return [n for n in _REGISTRY if private or not (
+        n.startswith("_") or getattr(_REGISTRY[n], "floor", False))]
 
 
 def _cls(name: str) -> type[Variant]:
@@ -178,6 +181,18 @@ def make_params(name: str, **params):
         return cls.Params(**checked)
     except ValueError as e:  # cross-field checks in __post_init__
         raise ValueError(f"{name}: {e}") from None
+
+
+def stored_params(name: str, **params) -> dict:
+    """A setting's full parameters as results store them (the `params` column, the ids):
+    make_params' fields, those declared `later` (param(later=True)) left out at their
+    default, which is what a setting stored before them ran."""
+    made = make_params(name, **params)
+    out = dataclasses.asdict(made)
+    for f in dataclasses.fields(made):
+        if f.metadata.get("later") and out[f.name] == f.default:
+            del out[f.name]
+    return out
 
 
 def build(name: str, **params) -> Variant:

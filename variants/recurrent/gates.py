@@ -93,3 +93,16 @@ GATE_KDA = InputSpec("g", ("B", "H", "N", "D"), None, 0.0,
                      doc="log-decay per key channel", layer="kda_gate", fixed=_kda_fixed)
 BETA = InputSpec("beta", ("B", "H", "N"), 0.0, 1.0, "sigmoid(x), x ~ N(0, 1)", _beta,
                  open_low=True, open_high=True, doc="write strength", layer="sigmoid")
+
+
+def beta_spec(beta_max: float) -> InputSpec:
+    """`beta` in (0, beta_max), drawn beta_max sigmoid(x) (DeltaNet's and Gated DeltaNet's
+    `beta_max`; 1 is BETA)."""
+    if beta_max == 1.0:
+        return BETA
+
+    def sample(gen, B, H, N, D):
+        return beta_max * _beta(gen, B, H, N, D)
+    return InputSpec("beta", ("B", "H", "N"), 0.0, float(beta_max),
+                     f"{beta_max:g} sigmoid(x), x ~ N(0, 1)", sample, open_low=True,
+                     open_high=True, doc="write strength", layer="sigmoid")

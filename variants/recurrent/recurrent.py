@@ -17,7 +17,7 @@ from ..core import Variant, compute_dtype, param, register
 from .chunked import (block_rows, chunk_channel_gate, chunk_delta, chunk_delta_channel,
                       chunk_length, chunk_scalar_gate, stream)
 from .decoding import RecurrentDecoding
-from .gates import BETA, GATE_CHANNEL, GATE_GDN, GATE_HEAD, GATE_KDA
+from .gates import BETA, GATE_CHANNEL, GATE_GDN, GATE_HEAD, GATE_KDA, beta_spec
 from .parallel import (whole_channel_gate, whole_delta, whole_delta_channel,
                        whole_scalar_gate)
 from .reference import dense_weights, recurrence
@@ -36,6 +36,29 @@ class GLAParams:
     sub_chunk: int = param(1, min=1, doc="tokens per diagonal leaf of the per-channel scores "
                            "whose (c, c, D) decays are taken explicitly, rounded up to a power "
                            "of two (1: only q_t . k_t; the rest are matmuls, scores.py)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaParams:
+    chunk: int = param(64, min=1, doc="tokens per chunk of the chunkwise-parallel form")
+    beta_max: float = param(1.0, min=1.0, max=2.0, doc="the write strength's upper bound: "
+                            "beta = beta_max sigmoid(x), in (0, beta_max); above 1 the "
+                            "transition I - beta k k^T has a negative eigenvalue, which "
+                            "state tracking (parity) needs (Grazzi et al. 2024, "
+                            "arXiv:2411.12537: 2)", later=True)
+
+
+class BetaMax:
+    """DeltaNet's and Gated DeltaNet's declared `beta` follows the parameter beta_max: its
+    range (0, beta_max), drawn beta_max sigmoid(x) (the trained model's layer scales its
+    sigmoid by the range's top, harness.train.model)."""
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        beta_max = getattr(self.params, "beta_max", 1.0)  # a subclass of other Params
+        if beta_max != 1.0:
+            self.inputs = tuple(beta_spec(beta_max) if s.name == "beta" else s
+                                for s in type(self).inputs)
 
 
 class Recurrent(RecurrentDecoding, Variant):
@@ -208,11 +231,12 @@ def _delta_flops(N, C, D):
 
 
 @register
-class DeltaNet(Recurrent):
-    """DeltaNet: S_t = (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t, q and k L2-normalised."""
+class DeltaNet(BetaMax, Recurrent):
+    """DeltaNet: S_t = (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t, q and k L2-normalised;
+    β in (0, beta_max)."""
     name = "deltanet"
     output_layer = "rms"
-    Params = ChunkParams
+    Params = DeltaParams
     paper = "https://arxiv.org/abs/2406.06484"
     inputs = (BETA,)
     delta = True
@@ -228,11 +252,12 @@ class DeltaNet(Recurrent):
 
 
 @register
-class GatedDeltaNet(Recurrent):
-    """Gated DeltaNet: S_t = exp(g_t) (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t."""
+class GatedDeltaNet(BetaMax, Recurrent):
+    """Gated DeltaNet: S_t = exp(g_t) (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t; β in
+    (0, beta_max)."""
     name = "gated_deltanet"
     output_layer = "rms_swish"
-    Params = ChunkParams
+    Params = DeltaParams
     paper = "https://arxiv.org/abs/2412.06464"
     inputs = (GATE_GDN, BETA)
     delta = True
