@@ -39,9 +39,9 @@ EXACT_NAMES = [n for n in NAMES if variants.spec(n).exact or variants.spec(n).pa
 # the generic properties' B, H, D (their kernels are reused; a length within one block, or
 # batch 1, would compile a kernel of its own: dynamo specialises sizes 0 and 1): the
 # same checks, fewer compiles.
-EXACT_CASES = [(n, N, (1, 2, 32)) for n in EXACT_NAMES if not variants.build(n).compiles
+EXACT_CASES = [(n, N, (1, 2, 32)) for n in EXACT_NAMES if not variants.spec(n).contract.compiled
                for N in (1, 63, 100, 1000)]
-EXACT_CASES += [(n, N, (3, 3, 16)) for n in EXACT_NAMES if variants.build(n).compiles
+EXACT_CASES += [(n, N, (3, 3, 16)) for n in EXACT_NAMES if variants.spec(n).contract.compiled
                 for N in (200, 1000)]
 
 

@@ -161,10 +161,11 @@ def tokens(module, q, k, v, inputs) -> list[tuple]:
 def steps(mods, states, toks):
     """A callable: the decoding steps of the T tokens, each token through every layer in
     turn (`mods`, `states` and `toks`, each layer's tokens from `tokens`, one entry a
-    layer), from the states as they are: the method alone (`decode_step`: the tokens were
-    checked by `tokens`), its arguments laid out beforehand; returns the outputs in that
+    layer), from the states as they are: the method alone (`unchecked_step`: the tokens
+    were checked by `tokens`; a `repeat` grouping's repeat of the token's heads, then
+    `decode_step`), its arguments laid out beforehand; returns the outputs in that
     order (token-major: token t of layer l is entry t * layers + l)."""
-    plan = [(m.decode_step, s, *tok[t]) for t in range(len(toks[0]))
+    plan = [(m.unchecked_step, s, *tok[t]) for t in range(len(toks[0]))
             for m, s, tok in zip(mods, states, toks)]
 
     def run():
@@ -203,8 +204,8 @@ def measure(case, module, device, part: str) -> dict:
         drawn = [new_tokens(case, m, dtype, device, layer) for layer, m in enumerate(mods)]
         toks = [tokens(m, *d) for m, d in zip(mods, drawn)]
         reference = None
-        if part == "time" and module.err_ref is not None:  # a plain variant: one layer
-            reference = (RecurrenceReference(module) if module.err_ref == "recurrence"
+        if part == "time" and module.contract.err_ref is not None:  # a plain variant: one layer
+            reference = (RecurrenceReference(module) if module.contract.err_ref == "recurrence"
                          else SoftmaxReference(drawn[0][0]))
         before = memory.resident_mib(device)
         states, prefill_s = [], 0.0

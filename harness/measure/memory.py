@@ -160,9 +160,8 @@ class MemoryGuard:
             b = decode_bytes(case, module)
             if b is not None:
                 return b / MIB, "the decoding state it keeps (state_size)"
-        hook = getattr(module, "memory_bytes", None)
-        if hook is not None:
-            b = hook(case.batch, case.heads, case.seq_len, case.head_dim,
+        if module is not None:
+            b = module.memory_bytes(case.batch, case.heads, case.seq_len, case.head_dim,
                      getattr(torch, case.dtype), case.backward)
             if b is not None:
                 return b / MIB, "declared by the variant"

@@ -28,7 +28,7 @@ def case_row(case: Case, module) -> dict:
     per_head = module.state_size(case.seq_len, case.head_dim)
     return {"case_id": case.case_id, "variant": case.variant, "family": module.family,
             "params": case.params, "exact": module.exact_at(case.seq_len, case.causal),
-            "err_ref": module.err_ref,
+            "err_ref": module.contract.err_ref,
             "device": case.device, "dtype": case.dtype,
             "batch": case.batch, "heads": case.heads, "head_dim": case.head_dim,
             "seq_len": case.seq_len, "causal": case.causal, "pass": case.pass_,
@@ -48,13 +48,13 @@ def skip_reasons(case: Case, module) -> list[str]:
     reasons += module.unsupported_reasons(device=case.device, dtype=getattr(torch, case.dtype),
                                           causal=case.causal, seq_len=case.seq_len,
                                           head_dim=case.head_dim, backward=case.backward)
-    if case.decode and module.supports_causal:  # (a non-causal one's reason is above)
+    if case.decode and module.contract.supports_causal:  # (a non-causal one's reason is above)
         reasons += module.decode_reasons()
         if case.input not in DISTRIBUTIONS:
             reasons.append(f"decode draws its context from a synthetic distribution, chunk by "
                            f"chunk; {case.input} is a captured input")
-    if module.inputs and case.input not in DISTRIBUTIONS:  # nothing to draw them from
+    if module.contract.inputs and case.input not in DISTRIBUTIONS:  # nothing to draw them from
         reasons.append(f"{case.input} is a captured input without "
-                       f"{', '.join(s.name for s in module.inputs)} ({case.variant}'s "
+                       f"{', '.join(s.name for s in module.contract.inputs)} ({case.variant}'s "
                        "inputs beyond q, k, v: the captured model has no gates)")
     return reasons + capture.skip_reasons(case)

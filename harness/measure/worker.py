@@ -158,7 +158,7 @@ def _measure_time(case: Case, module, q, k, v, device, inputs: dict) -> dict:
     if not bool(torch.isfinite(o).all()):
         return _result("nonfinite", "forward output has NaN or Inf")
     # Against exact softmax attention, or (err_ref = recurrence) the variant's own float64 form.
-    own = None if module.err_ref == "softmax" else module.reference
+    own = None if module.contract.err_ref == "softmax" else module.reference
     err = accuracy.error(o, q, k, v, case.causal, max_rows=case.err_rows, seed=case.seed,
                          reference=own, inputs=inputs,
                          layers=capture.layers_of(case))
@@ -178,8 +178,9 @@ def _measure_time(case: Case, module, q, k, v, device, inputs: dict) -> dict:
         return _result("nonfinite", "gradient of q, k, v (or an input) has NaN or Inf",
                        **errors)
     timed = _timed(case, fn, call_s, device)
-    if "compile_ms" in errors and module.prepare_calls:  # prepare ran the pass itself
-        errors["compile_ms"] = max(0.0, errors["compile_ms"] - module.prepare_calls * timed["time_ms"])
+    calls = module.contract.prepare_calls
+    if "compile_ms" in errors and calls:  # prepare ran the pass itself
+        errors["compile_ms"] = max(0.0, errors["compile_ms"] - calls * timed["time_ms"])
     return _result("ok", "", **timed, **errors)
 
 

@@ -12,7 +12,8 @@ own, an entry point), with where each came from. Imports: torch only; nothing fr
 families.
 """
 
-from .checks import KeyMask, check_qkv, softmax_scale
+from .checks import KeyMask, check_qkv, expand_heads, softmax_scale
+from .contract import Contract, ContractError, Grouping
 from .decoding import CacheDecoder, DecodeState, KVCache, RingKV
 from .inputs import InputSpec
 from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
@@ -23,7 +24,7 @@ from .reference import dense_mask, exact_reference, naive_attention, softmax_wei
 from .registry import (ParamSpec, VariantSpec, build, make_params, names, origin, register,
                        spec)
 
-__all__ = ["CacheDecoder", "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
+__all__ = ["CacheDecoder", "Contract", "ContractError", "Grouping", "expand_heads", "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
            "RingKV", "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build",
            "check_qkv", "compute_dtype", "dense_mask", "exact_reference", "exp_",
            "load_entry_points", "load_module", "loaded_modules", "make_params", "ModuleError",

@@ -15,7 +15,8 @@ from typing import ClassVar
 
 import torch
 
-from .checks import KeyMask, check_qkv
+from .checks import KeyMask, check_qkv, expand_heads, input_sizes
+from .contract import Contract
 from .decoder import Decoder
 from .inputs import InputSpec, check_inputs, draw_inputs
 from .reference import softmax_weights
@@ -44,26 +45,11 @@ class Variant(Decoder, torch.nn.Module):
     name: ClassVar[str]
     family: ClassVar[str]
     Params: ClassVar[type] = NoParams
-    exact: ClassVar[bool] = False  # exact softmax attention over all keys
     paper: ClassVar[str] = ""
-    supports_causal: ClassVar[bool] = True
-    # Set by causal-only variants (a recurrence): the reason a non-causal case is refused.
-    causal_only: ClassVar[str | None] = None
-    # Inputs beyond q, k, v (`inputs.py`): forward(q, k, v, causal, **inputs) takes them.
-    inputs: ClassVar[tuple[InputSpec, ...]] = ()
-    # What its error is measured against: exact softmax (`softmax`), or its own float64
-    # form (`recurrence`: `reference` gives it), for variants that approximate no softmax.
-    err_ref: ClassVar[str] = "softmax"
-    supports_backward: ClassVar[bool] = True
-    # Runs a torch.compile'd kernel: each new dtype, pattern, causal flag (and the first
-    # length) compiles for seconds, in `prepare`. Tests give such variants few shapes.
-    compiles: ClassVar[bool] = False
-    # Calls of the measured pass that `prepare` makes (a compile runs the kernel once):
-    # the harness subtracts that many steady-state calls from `compile_ms`.
-    prepare_calls: ClassVar[int] = 0
-    # A reference ceiling rather than a method (the top-k oracle: its selection costs
-    # O(N^2)): measured as a bound for the others, never offered as an answer.
-    reference_ceiling: ClassVar[bool] = False
+    # What it can do, declared once (`contract.py`): exactness, causal modes, backward,
+    # decoding, inputs beyond q, k, v, compiled, reference ceiling, head groupings, ...
+    # The registry checks it against the class; everything else reads only this record.
+    contract: ClassVar[Contract] = Contract()
 
     def __init__(self, params=None):
         super().__init__()
@@ -75,20 +61,18 @@ class Variant(Decoder, torch.nn.Module):
                             backward: bool = False) -> list[str]:
         """Why this variant cannot run a case; empty when it can. Called before running."""
         reasons = []
-        if not causal and self.causal_only:
-            reasons.append(self.causal_only)
-        if causal and not self.supports_causal:
-            reasons.append(f"{self.name} is non-causal only ({self.non_causal_why()})")
-        if backward and not self.supports_backward:
+        c = self.contract
+        if not causal and c.causal == "causal_only":
+            reasons.append(c.refused_why)
+        if causal and c.causal == "non_causal_only":
+            reasons.append(f"{self.name} is non-causal only ({c.refused_why})")
+        if backward and not c.backward:
             reasons.append(f"{self.name} has no backward pass")
         if not dtype.is_floating_point:
             reasons.append(f"{self.name} needs a floating-point dtype, got {dtype}")
         reasons += self.extra_reasons(torch.device(device), dtype, causal, seq_len, head_dim,
                                       backward)
         return reasons
-
-    def non_causal_why(self) -> str:
-        return "its computation mixes future positions into every output"
 
     def extra_reasons(self, device: torch.device, dtype: torch.dtype, causal: bool,
                       seq_len: int, head_dim: int, backward: bool) -> list[str]:
@@ -108,14 +92,15 @@ class Variant(Decoder, torch.nn.Module):
                    **inputs: torch.Tensor) -> None:
         """Every check `forward` makes before any work (shapes, the declared capabilities,
         the declared inputs' shapes and ranges): ValueError with the reasons."""
-        check_qkv(q, k, v)
+        check_qkv(q, k, v, self.contract.grouping, self.name)
         reasons = self.unsupported_reasons(device=q.device, dtype=q.dtype, causal=causal,
                                            seq_len=q.shape[-2], head_dim=q.shape[-1],
                                            backward=backward)
         if reasons:
             raise ValueError("; ".join(reasons))
-        if self.inputs or inputs:
-            check_inputs(self.name, self.inputs, q, inputs)
+        if self.contract.inputs or inputs:
+            check_inputs(self.name, self.contract.inputs, q, inputs,
+                         sizes=input_sizes(q, k, v, self.contract.grouping))
 
     def unchecked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   causal: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
@@ -123,7 +108,9 @@ class Variant(Decoder, torch.nn.Module):
         `check_call` on these very tensors once (a benchmark's timed region, which holds
         the call and nothing else: a range check of the gates costs reductions and, on
         CUDA, a host sync per input)."""
-        if self.inputs or inputs:
+        if self.contract.grouping.how == "repeat":  # one k, v (or q, k) per output head
+            q, k, v = expand_heads(q, k, v, self.contract.grouping)
+        if self.contract.inputs or inputs:
             return self.attend(q, k, v, causal, **inputs)
         return self.attend(q, k, v, causal)
 
@@ -151,7 +138,7 @@ class Variant(Decoder, torch.nn.Module):
         or segment per token), so that the report never offers it as an approximation.
         The default: the class's `exact`.
         """
-        return self.exact
+        return self.contract.exact
 
     def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                   **inputs: torch.Tensor) -> torch.Tensor:
@@ -175,8 +162,8 @@ class Variant(Decoder, torch.nn.Module):
                                        seq_len=q.shape[-2], head_dim=q.shape[-1])
         if reasons:
             raise ValueError("; ".join(reasons))
-        if self.inputs or inputs:
-            check_inputs(self.name, self.inputs, q, inputs)
+        if self.contract.inputs or inputs:
+            check_inputs(self.name, self.contract.inputs, q, inputs)
             return self.attention_weights(q, k, causal, **inputs)
         return self.attention_weights(q, k, causal)
 
@@ -187,7 +174,7 @@ class Variant(Decoder, torch.nn.Module):
         papers' layers at initialisation); {} for a variant that declares none.
         fixed_seed: the layers' per-case parameters (a decay rate per head) from that
         seed instead (`inputs.draw_inputs`), for a sequence drawn in pieces."""
-        return draw_inputs(self.inputs, B, H, N, D, seed=seed, dtype=dtype, device=device,
+        return draw_inputs(self.contract.inputs, B, H, N, D, seed=seed, dtype=dtype, device=device,
                            fixed_seed=fixed_seed)
 
     def weights_reasons(self, *, device: torch.device | str, dtype: torch.dtype, causal: bool,
@@ -198,7 +185,7 @@ class Variant(Decoder, torch.nn.Module):
         if seq_len > WEIGHTS_MAX_N:
             reasons.append(f"{self.name}.weights returns an N x N map per head: refused above "
                            f"N = {WEIGHTS_MAX_N}, got N = {seq_len}")
-        if not self.has_weights():
+        if not self.contract.says_weights:
             reasons.append(f"{self.name} does not say what attention weights it implies "
                            "(no attention_weights method)")
         return reasons + self.extra_weights_reasons()
@@ -206,13 +193,6 @@ class Variant(Decoder, torch.nn.Module):
     def extra_weights_reasons(self) -> list[str]:
         """Variant-specific reasons `weights` cannot give a map; override where needed."""
         return []
-
-    def has_weights(self) -> bool:
-        """Whether this variant can say what weights it implies: it has its own
-        `attention_weights`, or it is exact or exact on a key pattern (softmax over it)."""
-        cls = type(self)
-        return (cls.attention_weights is not Variant.attention_weights or cls.exact
-                or cls.key_mask is not Variant.key_mask)
 
     def attention_weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
         """(B, H, N, N) weights, called by `weights` after its checks. This default serves
@@ -236,7 +216,7 @@ class Variant(Decoder, torch.nn.Module):
         sparse patterns comparable): N for exact attention, (N + 1) / 2 causal; a window,
         a block layout, top-k blocks or keys say theirs. None where attention is not over
         a subset of the keys (low-rank, kernel and recurrent variants)."""
-        if self.exact:
+        if self.contract.exact:
             return float(N if not causal else (N + 1) / 2)
         return None
 

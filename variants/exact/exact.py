@@ -12,13 +12,15 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..core import CacheDecoder, Variant, naive_attention, register
+from ..core import CacheDecoder, Contract, Grouping, Variant, naive_attention, register
 from .cache import ExactCache
 
 
 class _Exact(CacheDecoder, Variant):
     family = "exact"
-    exact = True
+    # Query head h reads key-value head h // (Hq / Hk) of the one cache: SDPA's enable_gqa.
+    contract = Contract(exactness="exact", decoding=True, extend=True,
+                        grouping=Grouping("kv", "native", value_dim=True))
     paper = "https://arxiv.org/abs/1706.03762"
 
     def flops(self, B, H, N, D, causal=False):
@@ -109,6 +111,7 @@ class XFormers(_Exact):
     """Exact attention by xformers.ops.memory_efficient_attention (CUDA only)."""
     name = "xformers"
     paper = "https://arxiv.org/abs/2112.05682"
+    contract = _Exact.contract.but(grouping=Grouping("kv", "repeat"))
 
     def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
         return xformers_reasons(device, dtype)
