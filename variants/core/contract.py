@@ -175,3 +175,69 @@ class Contract:
                 value = value.describe()
             out[f.name] = str(value)
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A case's heads and widths: B, H query heads, N, D (= Dk = Dq), and where they differ
+    kv_heads (Hk = Hv for grouped keys), value_heads (Hv for grouped values) and value_dim
+    (Dv); None: H, H, D."""
+    B: int
+    H: int
+    N: int
+    D: int
+    kv_heads: int | None = None
+    value_heads: int | None = None
+    value_dim: int | None = None
+
+    @property
+    def Hk(self) -> int:
+        return self.kv_heads or self.H
+
+    @property
+    def Hv(self) -> int:
+        return self.value_heads or self.kv_heads or self.H
+
+    @property
+    def Dv(self) -> int:
+        return self.value_dim or self.D
+
+    @property
+    def out_heads(self) -> int:
+        """The output's heads: Hq for grouped keys, Hv for grouped values."""
+        return max(self.H, self.Hv)
+
+    @property
+    def grouped(self) -> bool:
+        return self.Hk != self.H or self.Hv != self.H
+
+    def shapes(self) -> tuple[tuple, tuple, tuple]:
+        """(q, k, v) shapes."""
+        return ((self.B, self.H, self.N, self.D), (self.B, self.Hk, self.N, self.D),
+                (self.B, self.Hv, self.N, self.Dv))
+
+    def check(self, grouping: Grouping, name: str = "") -> list[str]:
+        """Why a variant of this grouping cannot take this shape; empty when it can."""
+        who = f"{name}: " if name else ""
+        out = []
+        for label, x in (("kv_heads", self.kv_heads), ("value_heads", self.value_heads),
+                         ("value_dim", self.value_dim)):
+            if x is not None and (not isinstance(x, int) or x < 1):
+                out.append(f"{who}{label} must be a positive int, got {x!r}")
+        if out:
+            return out
+        if self.Dv != self.D and not grouping.value_dim:
+            out.append(f"{who}does not declare values of their own width (value_dim "
+                       f"{self.Dv} != head_dim {self.D})")
+        if self.kv_heads not in (None, self.H) and grouping.heads != "kv":
+            out.append(f"{who}groups value heads, not key-value heads (kv_heads {self.kv_heads})")
+        elif self.value_heads not in (None, self.H) and grouping.heads != "value":
+            out.append(f"{who}groups key-value heads, not value heads "
+                       f"(value_heads {self.value_heads})")
+        elif self.grouped and grouping.how == "refuse":
+            out.append(f"{who}refuses grouped heads: {grouping.why}")
+        elif grouping.heads == "kv" and self.H % self.Hk:
+            out.append(f"{who}kv_heads {self.Hk} must divide heads {self.H}")
+        elif grouping.heads == "value" and self.Hv % self.H:
+            out.append(f"{who}heads {self.H} must divide value_heads {self.Hv}")
+        return out

@@ -133,6 +133,19 @@ class Decoder:
         chosen blocks)."""
         return self.state_size(N, D)
 
+    def decode_read_size_at(self, N: int, s) -> int | None:
+        """Elements a decoding step reads per batch element, all heads, at context N, for
+        a case of its own heads and widths (`contract.Shape`): the whole state
+        (`state_size_at`) unless the variant reads only part of it; a `repeat` grouping
+        reads one per output head."""
+        if not s.grouped and s.Dv == s.D:
+            per_head = self.decode_read_size(N, s.D)
+            return None if per_head is None else s.H * per_head
+        if self.contract.grouping.how == "repeat" and s.Dv == s.D:
+            per_head = self.decode_read_size(N, s.D)
+            return None if per_head is None else s.out_heads * per_head
+        return self.state_size_at(N, s)
+
     def decode_write_size(self, N: int, D: int, state: DecodeState) -> int | None:
         """Elements a decoding step writes per (batch, head) at context N: into a state
         that `appends` (a cache of keys and values) the new token's key and value, 2 D; any

@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from .checks import KeyMask, check_qkv, expand_heads, input_sizes
-from .contract import Contract
+from .contract import Contract, Shape
 from .decoder import Decoder
 from .inputs import InputSpec, check_inputs, draw_inputs
 from .reference import softmax_weights
@@ -203,6 +203,28 @@ class Variant(Decoder, torch.nn.Module):
     def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:
         """Analytic forward FLOPs (2 per multiply-add, matmuls only)."""
         raise NotImplementedError
+
+    def flops_at(self, s: Shape, causal: bool = False) -> int:
+        """Forward FLOPs of a case of its own heads and widths (`Shape`). The default: a
+        `repeat` grouping (or none) does the work of `flops` at the output's heads; a
+        variant that runs grouped heads natively or values of their own width (Dv != Dk)
+        says its own."""
+        if s.Dv != s.D:
+            raise NotImplementedError(f"{self.name} declares value_dim but no flops_at")
+        return self.flops(s.B, s.out_heads, s.N, s.D, causal)
+
+    def state_size_at(self, N: int, s: Shape) -> int | None:
+        """Numbers a causal decoder keeps per batch element, all heads, for a case of its
+        own heads and widths after N tokens. The default: a `repeat` grouping keeps one
+        state per output head (the repeat counted); a variant that decodes grouped heads
+        natively, or values of their own width, says its own."""
+        per_head = self.state_size(N, s.D)
+        if per_head is None:
+            return None
+        if s.Dv != s.D or (s.grouped and self.contract.grouping.how == "native"):
+            raise NotImplementedError(f"{self.name} decodes grouped heads or widths natively "
+                                      "but has no state_size_at")
+        return s.out_heads * per_head
 
     def state_size(self, N: int, D: int) -> int | None:
         """Numbers a causal decoder keeps per (batch, head) to produce the output after N
