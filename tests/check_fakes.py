@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 import variants
-from variants import Contract, Variant, register
+from variants import Contract, Grouping, Variant, register
 
 _Standard = type(variants.build("standard"))  # a correct decoder, for the decoding bugs
 
@@ -163,3 +163,17 @@ class BadStateSize(_Standard):
 
     def state_size(self, N, D):
         return N * D
+
+
+@register
+class BadGroupings(Good):
+    """Declares that it reads grouped keys natively, but repeats them."""
+    name = "_check_groupings"
+    contract = Contract(exactness="exact", weights=True, grouping=Grouping("kv", "native"))
+
+    def attend(self, q, k, v, causal):
+        g = q.shape[1] // k.shape[1]
+        return super().attend(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), causal)
+
+    def flops_at(self, s, causal=False):
+        return self.flops(s.B, s.H, s.N, s.D, causal)

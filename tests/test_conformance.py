@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import variants
-from harness.check import decoding, kit, properties
+from harness.check import decoding, groupings, kit, properties
 
 NAMES = variants.names()
 
@@ -27,7 +27,8 @@ def holds(fn, name, *args):
 @pytest.mark.parametrize("prop", [properties.spec, properties.shapes, properties.gradients,
                                   properties.batch_heads, properties.causal,
                                   properties.determinism, properties.flops,
-                                  decoding.decoding, decoding.state_size],
+                                  decoding.decoding, decoding.state_size,
+                                  groupings.groupings],
                          ids=lambda f: f.__name__)
 @pytest.mark.parametrize("name", NAMES)
 def test_property_holds(name, prop):

@@ -16,6 +16,7 @@ import torch
 
 import variants
 from harness.check.decoding import decoding, state_size, weights
+from harness.check.groupings import groupings
 from harness.check.kit import (N_GENERIC, Failed, NotApplicable, Refused, expect, extra,
                                qkv, rel_err, require, run_property)
 
@@ -265,7 +266,7 @@ def exactness(name: str) -> str:
 
 
 ALL = (spec, shapes, gradients, batch_heads, causal, determinism, flops, exactness,
-       weights, decoding, state_size)
+       weights, decoding, state_size, groupings)
 
 
 def check(names: list[str], properties=ALL) -> list:

@@ -82,6 +82,9 @@ class SDPA(_Exact):
     """Exact attention by torch.nn.functional.scaled_dot_product_attention (fused kernels)."""
     name = "sdpa"
     paper = "https://arxiv.org/abs/2205.14135"
+    # Values of their own width: its CPU kernels take Dv != Dk only on the math path,
+    # which repeats grouped keys and values (the kit's groupings property caught it).
+    contract = _Exact.contract.but(grouping=Grouping("kv", "native"))
 
     def attend(self, q, k, v, causal):
         # enable_gqa: query head h reads key-value head h // (Hq / Hk), never repeated.
