@@ -41,7 +41,9 @@ from harness.measure.worker import import_extra
 _OVERRIDES = {"variants": ("variants", str), "seq_lens": ("seq_lens", int),
               "device": ("devices", str), "dtype": ("dtypes", str), "pass_": ("passes", str),
               "inputs": ("inputs", str), "causal": ("causal", "bool"), "batch": ("batch", int),
-              "heads": ("heads", int), "head_dim": ("head_dim", int)}
+              "heads": ("heads", int), "head_dim": ("head_dim", int),
+              "kv_heads": ("kv_heads", int), "value_heads": ("value_heads", int),
+              "value_dim": ("value_dim", int)}
 _SCALARS = {"timeout": ("timeout_s", float), "min_run_time": ("min_run_time_s", float),
             "min_repeats": ("min_repeats", int), "threads": ("threads", int),
             "mem_limit_mib": ("mem_limit_mib", int), "err_rows": ("err_rows", int),
@@ -76,6 +78,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     narrow.add_argument("--batch")
     narrow.add_argument("--heads")
     narrow.add_argument("--head-dim", dest="head_dim")
+    narrow.add_argument("--kv-heads", dest="kv_heads",
+                        help="key-value heads of softmax variants, dividing --heads (8,1)")
+    narrow.add_argument("--value-heads", dest="value_heads",
+                        help="value heads of recurrences, a multiple of --heads (8,16)")
+    narrow.add_argument("--value-dim", dest="value_dim",
+                        help="values' width, for variants that declare value_dim")
     sett = p.add_argument_group("run settings")
     sett.add_argument("--timeout", help="seconds per case before the worker is killed")
     sett.add_argument("--min-run-time", dest="min_run_time", help="timing budget per case, s")

@@ -64,6 +64,13 @@ class Stack:
     def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:
         return sum(m.flops(B, H, N, D, causal) for m in self.layers)
 
+    def flops_at(self, s, causal: bool = False) -> int:
+        return sum(m.flops_at(s, causal) for m in self.layers)
+
+    def state_size_at(self, N: int, s) -> int | None:
+        sizes = [m.state_size_at(N, s) for m in self.layers]
+        return None if None in sizes else sum(sizes)
+
     def state_size(self, N: int, D: int) -> int | None:
         """The sum of the layers' own state_size(N, D); None when one does not say."""
         sizes = [m.state_size(N, D) for m in self.layers]

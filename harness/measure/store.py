@@ -21,6 +21,7 @@ from pathlib import Path
 import variants
 from harness.files import META, RESULTS, ROUNDS, CsvLog, check_folder, now, write_json  # noqa: F401 (re-exported)
 from harness.files import RESULT_COLUMNS as COLUMNS
+from harness.files.columns import LATER_RESULT_COLUMNS
 
 
 class RunStore:
@@ -38,17 +39,17 @@ class RunStore:
 
         Returns True when it is an existing run to resume.
         """
-        return check_folder(self.folder, self.meta_path, CsvLog(self.csv_path, COLUMNS),
+        return check_folder(self.folder, self.meta_path, CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS),
                             runs={META}, key="matrix", value=matrix,
                             other="a run of a different matrix")
 
     # -- results -------------------------------------------------------------------------
     def done_ids(self) -> set[str]:
         """Case ids already in results.csv, after cutting off a partial last line."""
-        return {r["case_id"] for r in CsvLog(self.csv_path, COLUMNS).rows(cut=True)}
+        return {r["case_id"] for r in CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS).rows(cut=True)}
 
     def open(self) -> None:
-        self._log = CsvLog(self.csv_path, COLUMNS)
+        self._log = CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS)
         self._log.open()
 
     def append(self, row: dict) -> None:
@@ -61,7 +62,7 @@ class RunStore:
         """Rewrite results.csv with its rows in this order (unknown ids last): a run with
         rounds writes a case's row when its last round ends, after the cases that failed
         or were skipped in round 1. Written aside and renamed: never half a file."""
-        rows = CsvLog(self.csv_path, COLUMNS).rows(cut=True)
+        rows = CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS).rows(cut=True)
         rank = {cid: i for i, cid in enumerate(case_ids)}
         ordered = sorted(rows, key=lambda r: rank.get(r["case_id"], len(rank)))
         if ordered == rows:
