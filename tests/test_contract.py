@@ -5,6 +5,7 @@ repeated heads, a per-head loop); the kit catches a native grouping that is not.
 """
 
 import ast
+import re
 import dataclasses
 from pathlib import Path
 
@@ -274,3 +275,58 @@ def test_the_kit_fails_a_planted_grouping_bug(cls, words):
         registry._REGISTRY.pop(cls.name, None)
         registry._ORIGIN.pop(cls.name, None)
     assert r.status == "fail" and words in r.detail, r.line()
+
+
+# -- a variant of one's own, from docs/variants.md alone --------------------------------
+
+def docs_example() -> str:
+    """The complete example of docs/variants.md's "Adding a variant" (it declares grouped
+    keys, natively), as a file of one's own: importing from `variants`, as the page says."""
+    import re
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "variants.md").read_text(), re.S)
+    text = next(b for b in blocks if "@register" in b)
+    assert "from ..core import" in text and 'Grouping("kv", "native"' in text
+    return text.replace("from ..core import", "from variants import")
+
+
+@pytest.fixture
+def own_registry(monkeypatch):
+    from harness.measure import maps, runner
+    from harness.measure.worker import EXTRA_ENV
+    from variants.core import modules
+    monkeypatch.delenv(EXTRA_ENV, raising=False)
+    for name in ("matmul_fp32_gflops", "read_bandwidth_gbps"):  # seconds, not the point
+        monkeypatch.setattr(runner, name, lambda threads: 1.0)
+    monkeypatch.setattr(runner, "matmul_rates", lambda *a: {"cpu float32": 1.0})
+    monkeypatch.setattr(maps, "write", lambda folder, cases: None)
+    saved = (dict(registry._REGISTRY), dict(registry._ORIGIN), dict(modules._LOADED))
+    yield
+    for live, old in zip((registry._REGISTRY, registry._ORIGIN, modules._LOADED), saved):
+        live.clear()
+        live.update(old)
+
+
+def test_a_variant_written_from_the_docs_runs_check_and_run_at_kv_heads_2(tmp_path, capsys,
+                                                                          own_registry):
+    import csv
+
+    import run_bench
+    path = tmp_path / "toy_attention.py"  # one file, outside the repository
+    path.write_text(docs_example())
+    # The properties the grouping touches (tests/test_check.py runs the whole kit on a file
+    # of one's own: README's).
+    assert run_bench.main(["check", str(path), "--properties",
+                           "shapes,groupings"]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and re.search(r"PASS\s+toy\s+groupings\s+kv native; kv_heads 4", out)
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('variants = ["toy"]\nseq_lens = [64]\nheads = 4\nhead_dim = 16\n'
+                   'kv_heads = [4, 2]\ninputs = ["gaussian"]\npasses = ["forward"]\n'
+                   'causal = [true]\nmin_run_time_s = 0.01\nmin_repeats = 1\n')
+    code = run_bench.main(["run", "--variant-module", str(path), "--config", str(cfg),
+                           "--kv-heads", "2", "--results-dir", str(tmp_path), "--run-id", "r",
+                           "--no-report"])
+    assert code == 0
+    rows = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
+    assert [(r["variant"], r["kv_heads"], r["status"]) for r in rows] == [("toy", "2", "ok")]
+    assert float(rows[0]["rel_err"]) < 1e-5

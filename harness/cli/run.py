@@ -245,9 +245,19 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
 
 def add_list_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true", help="include names starting with '_'")
+    p.add_argument("--spec", metavar="NAME", help="print one variant's declared contract, "
+                                                  "field by field")
 
 
 def list_command(args) -> int:
+    if getattr(args, "spec", None):
+        try:
+            s = variants.spec(args.spec)
+        except ValueError as e:  # an unknown name: one line, exit 2
+            raise UsageError(str(e)) from None
+        print(f"{s.name} ({s.family}, {s.origin}): {s.summary}")
+        print(tabulate(list(s.contract.describe().items()), headers=["contract", "declared"]))
+        return 0
     rows = []
     for name in variants.names(private=args.all):
         s = variants.spec(name)
@@ -258,10 +268,10 @@ def list_command(args) -> int:
         causal = "only" if s.causal_only else ("yes" if s.supports_causal else "no")
         inputs = "; ".join(f"{i.name} {i.shape_text} {i.range_text}" for i in s.inputs) or "-"
         rows.append([name, s.family, exact, causal, "yes" if s.supports_backward else "no",
-                     params, inputs, s.origin, s.paper])
+                     s.grouping.describe(), params, inputs, s.origin, s.paper])
     print(tabulate(rows, headers=["variant", "family", "exact", "causal", "backward",
-                                  "parameters (defaults)", "inputs beyond q, k, v", "origin",
-                                  "paper"]))
+                                  "heads", "parameters (defaults)", "inputs beyond q, k, v",
+                                  "origin", "paper"]))
     return 0
 
 

@@ -205,13 +205,13 @@ class Variant(Decoder, torch.nn.Module):
         raise NotImplementedError
 
     def flops_at(self, s: Shape, causal: bool = False) -> int:
-        """Forward FLOPs of a case of its own heads and widths (`Shape`). The default: a
-        `repeat` grouping (or none) does the work of `flops` at the output's heads; a
-        variant that runs grouped heads natively or values of their own width (Dv != Dk)
-        says its own."""
-        if s.Dv != s.D:
-            raise NotImplementedError(f"{self.name} declares value_dim but no flops_at")
-        return self.flops(s.B, s.out_heads, s.N, s.D, causal)
+        """Forward FLOPs of a case of its own heads and widths (`Shape`). The default:
+        `flops` at the output's heads (grouped heads share keys or values, not work: each
+        output head still reads its N keys), scaled by (Dk + Dv) / 2 Dk where the values
+        have their own width (attention's two matmuls, one over each width). A variant
+        whose work is otherwise says its own."""
+        f = self.flops(s.B, s.out_heads, s.N, s.D, causal)
+        return f if s.Dv == s.D else round(f * (s.D + s.Dv) / (2 * s.D))
 
     def state_size_at(self, N: int, s: Shape) -> int | None:
         """Numbers a causal decoder keeps per batch element, all heads, for a case of its
