@@ -50,7 +50,8 @@ def test_every_committed_folder_keeps_its_case_ids(folder):
     """Each committed run's rows are cases its stored matrix still expands to, by id."""
     meta = json.loads((REPO / "results" / folder / "meta.json").read_text())
     ids = {c.case_id for c in mx.expand(mx.normalise(_raw(meta["matrix"])))}
-    done = {r["case_id"] for r in csv.DictReader((REPO / "results" / folder / "results.csv").open())}
+    rows = csv.DictReader((REPO / "results" / folder / "results.csv").open())
+    done = {r["case_id"] for r in rows}
     assert done and done <= ids
 
 

@@ -274,7 +274,8 @@ def test_the_draws_follow_the_papers_layers():
     g2 = variants.build("mamba2").draw_inputs(2, 4, 64, 16, seed=3)["g"]
     assert g2.shape == (2, 4, 64) and bool((g2 < 0).all())
     beta = variants.spec("deltanet").contract.inputs[0]
-    assert beta.range_text == "(0, 1)" and variants.spec("gla").contract.inputs[0].range_text == "<= 0"
+    gate = variants.spec("gla").contract.inputs[0]
+    assert beta.range_text == "(0, 1)" and gate.range_text == "<= 0"
     assert torch.tensor(0.999).bfloat16() == 1  # sigmoid(7) rounds to 1 in bfloat16 ...
     wide = dataclasses.replace(beta, sample=lambda gen, B, H, N, D: torch.full((B, H, N), 0.999))
     b = wide.draw(1, 1, 10, 8, seed=0, dtype=torch.bfloat16)

@@ -18,13 +18,14 @@ outside this package: a file of one's own that `@register`s it, loaded by
 point in the group `attnbench.variants` (`load_entry_points`).
 """
 
-from .core import (WEIGHTS_MAX_N, Contract, ContractError, Grouping, KeyMask, ModuleError, ParamSpec, Variant, VariantSpec,
-                   build, dense_mask, exact_reference, load_entry_points, load_module,
-                   loaded_modules, make_params, naive_attention, names, origin, param,
-                   register, softmax_weights, spec)
+from .core import (WEIGHTS_MAX_N, Contract, ContractError, Grouping, Shape, expand_heads,
+                   KeyMask, ModuleError, ParamSpec, Variant, VariantSpec, build, dense_mask,
+                   exact_reference, load_entry_points, load_module, loaded_modules, make_params,
+                   naive_attention, names, origin, param, register, softmax_weights, spec)
 
-__all__ = ["WEIGHTS_MAX_N", "Contract", "ContractError", "Grouping", "KeyMask", "ModuleError", "ParamSpec", "Variant", "VariantSpec",
-           "build", "dense_mask", "exact_reference", "load_entry_points", "load_module",
+__all__ = ["WEIGHTS_MAX_N", "Contract", "ContractError", "Grouping", "Shape", "expand_heads",
+           "KeyMask", "ModuleError", "ParamSpec", "Variant", "VariantSpec", "build",
+           "dense_mask", "exact_reference", "load_entry_points", "load_module",
            "loaded_modules", "make_params", "naive_attention", "names", "origin", "param",
            "register", "softmax_weights", "spec"]
 

@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten
 
 import variants
 from harness.check.kit import N_GENERIC, Failed, NotApplicable, Refused, expect, rel_err
-from variants.core.contract import Shape
+from variants import Shape
 
 H, N, D = 4, 40, 8
 B = 2
@@ -170,7 +170,7 @@ def _forward(m, s: Shape, causal: bool) -> float:
         want = (s.B, s.out_heads, s.N, s.Dv)
         expect(tuple(o.shape) == want and o.dtype == dtype,
                f"{_label(s)} causal={causal}: output {tuple(o.shape)} {o.dtype}, want {want}")
-        qe, ke, ve = variants.core.expand_heads(q, k, v)
+        qe, ke, ve = variants.expand_heads(q, k, v)
         plain = m(qe, ke, ve, causal=causal, **ins)
         tol = TOL64 if dtype == torch.float64 else 1e-5
         err = rel_err(o, plain)

@@ -49,7 +49,7 @@ import torch
 
 from harness.measure import accuracy, layers, memory, timing
 from harness.measure.inputs import make_inputs
-from variants.core import expand_heads
+from variants import expand_heads
 
 CHUNK = 8192
 _NEW_TOKENS_SEED = 999_983

@@ -77,7 +77,6 @@ from harness.models import capture
 from harness.errors import UsageError
 from harness.measure import stack
 from harness.measure.inputs import DISTRIBUTIONS
-from variants.core.contract import Shape
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -165,9 +164,9 @@ class Case:
                 self.value_dim)
 
     @property
-    def shape(self) -> Shape:
+    def shape(self) -> variants.Shape:
         """Its heads and widths (variants.core.contract.Shape) at its length."""
-        return Shape(self.batch, self.heads, self.seq_len, self.head_dim, self.kv_heads,
+        return variants.Shape(self.batch, self.heads, self.seq_len, self.head_dim, self.kv_heads,
                      self.value_heads, self.value_dim)
 
     def label(self) -> str:

@@ -33,23 +33,27 @@ class RunStore:
         self.rounds_path = Path(rounds_path) if rounds_path is not None else self.folder / ROUNDS
         self.meta_path = self.folder / META
 
+    def _csv(self) -> CsvLog:
+        """results.csv: this version's columns, or a folder's from before the later ones."""
+        return CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS)
+
     # -- checks before anything is written ---------------------------------------------
     def check(self, matrix: dict) -> bool:
         """Raise UsageError unless the folder is absent, empty, or a run of this matrix.
 
         Returns True when it is an existing run to resume.
         """
-        return check_folder(self.folder, self.meta_path, CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS),
+        return check_folder(self.folder, self.meta_path, self._csv(),
                             runs={META}, key="matrix", value=matrix,
                             other="a run of a different matrix")
 
     # -- results -------------------------------------------------------------------------
     def done_ids(self) -> set[str]:
         """Case ids already in results.csv, after cutting off a partial last line."""
-        return {r["case_id"] for r in CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS).rows(cut=True)}
+        return {r["case_id"] for r in self._csv().rows(cut=True)}
 
     def open(self) -> None:
-        self._log = CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS)
+        self._log = self._csv()
         self._log.open()
 
     def append(self, row: dict) -> None:

@@ -119,7 +119,7 @@ def _plain(reference):
     """A float64 reference on the shared heads repeated (grouped values: value head j
     reads query-key head j // (Hv / Hk)), as the variant's own plain form takes them."""
     def run(q, k, v, causal, **inputs):
-        return reference(*variants.core.expand_heads(q, k, v), causal, **inputs)
+        return reference(*variants.expand_heads(q, k, v), causal, **inputs)
     return run
 
 

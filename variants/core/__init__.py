@@ -13,7 +13,7 @@ families.
 """
 
 from .checks import KeyMask, check_qkv, expand_heads, softmax_scale
-from .contract import Contract, ContractError, Grouping
+from .contract import Contract, ContractError, Grouping, Shape
 from .decoding import CacheDecoder, DecodeState, KVCache, RingKV
 from .inputs import InputSpec
 from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
@@ -24,9 +24,10 @@ from .reference import dense_mask, exact_reference, naive_attention, softmax_wei
 from .registry import (ParamSpec, VariantSpec, build, make_params, names, origin, register,
                        spec)
 
-__all__ = ["CacheDecoder", "Contract", "ContractError", "Grouping", "expand_heads", "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
-           "RingKV", "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build",
-           "check_qkv", "compute_dtype", "dense_mask", "exact_reference", "exp_",
-           "load_entry_points", "load_module", "loaded_modules", "make_params", "ModuleError",
-           "naive_attention", "names", "origin", "param", "register", "softmax_",
-           "softmax_logsumexp", "softmax_lse_", "softmax_scale", "softmax_weights", "spec"]
+__all__ = ["CacheDecoder", "Contract", "ContractError", "Grouping", "Shape", "expand_heads",
+           "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec", "RingKV",
+           "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build", "check_qkv",
+           "compute_dtype", "dense_mask", "exact_reference", "exp_", "load_entry_points",
+           "load_module", "loaded_modules", "make_params", "ModuleError", "naive_attention",
+           "names", "origin", "param", "register", "softmax_", "softmax_logsumexp",
+           "softmax_lse_", "softmax_scale", "softmax_weights", "spec"]

@@ -45,8 +45,8 @@ import math
 
 import torch
 
-from ..core import (Contract, DecodeState, Variant, compute_dtype, exp_, param, register, softmax_,
-                    softmax_logsumexp, softmax_lse_)
+from ..core import (Contract, DecodeState, Variant, compute_dtype, exp_, param, register,
+                    softmax_, softmax_logsumexp, softmax_lse_)
 from .causal import causal_kernel_attention, core_flops
 from .noncausal import (FeatureMap, block_rows, kernel_attention, kernel_weights,
                           sequence_features)

@@ -22,8 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import (Contract, CacheDecoder, KeyMask, RingKV, Variant, naive_attention, param, register,
-                    softmax_scale)
+from ..core import (Contract, CacheDecoder, KeyMask, RingKV, Variant, naive_attention, param,
+                    register, softmax_scale)
 from .band_rows import band_rows_attention
 
 # Query-chunk rows: half the window, within these bounds. A chunk scores c + 2w keys per

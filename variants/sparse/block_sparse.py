@@ -36,7 +36,8 @@ import math
 
 import torch
 
-from ..core import Contract, CacheDecoder, KVCache, KeyMask, Variant, naive_attention, param, register
+from ..core import (Contract, CacheDecoder, KVCache, KeyMask, Variant, naive_attention, param,
+                    register)
 from .block_rows import block_rows_attention
 
 # Plans a module keeps (per length, causal, device and B H); a causal plan holds ~N * 8
