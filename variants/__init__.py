@@ -3,7 +3,9 @@
     import variants
     variants.names()                      # every registered variant
     m = variants.build("sdpa")            # a torch.nn.Module
-    o = m(q, k, v, causal=False)          # q, k, v: (B, H, N, D)
+    o = m(q, k, v, causal=False)          # q, k, v: (B, H, N, D); grouped heads and
+                                          # values' width as its contract declares
+    variants.spec("sdpa").contract        # what it can do, declared (core/contract.py)
 
 `core/` is the bottom: the interface, the registry and the float64 exact reference. Each
 family's folder holds its variants and the kernels only they use, and imports `core` and,

@@ -1,6 +1,8 @@
 """The bottom of variants/: the interface, the registry and the float64 exact reference.
 
-`interface.Variant` is the pure q, k, v -> o map every variant subclasses; `registry` is the
+`interface.Variant` is the pure q, k, v -> o map every variant subclasses; `contract` the
+one declared record of what a variant can do (and the heads and widths it takes) that
+everything else reads; `registry` is the
 one list of variants (`register`, `build`, `names`, `spec`); `reference` is exact softmax
 attention in float64, in query chunks, that every error is measured against; `checks`
 (shapes, key masks, the 1/sqrt(D) scale) sits below both; `ops` holds the in-place numerics

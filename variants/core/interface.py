@@ -1,4 +1,6 @@
-"""The variant interface: a pure q, k, v -> o attention map on (B, H, N, D) tensors.
+"""The variant interface: a pure q, k, v -> o attention map on (B, H, N, D) tensors
+(grouped heads and values of their own width where its contract declares them:
+`contract.py`, the one record of what it can do).
 
 A variant is a frozen parameter dataclass and a `Variant` subclass registered with
 `@register` (`registry.py`), in its family's folder. The base class checks shapes and
