@@ -72,4 +72,4 @@ def test_the_kit_runs_every_property():
     recurrence_case; weights: weights_case)."""
     assert [f.__name__ for f in properties.ALL] == [
         "spec", "shapes", "gradients", "batch_heads", "causal", "determinism", "flops",
-        "exactness", "weights", "decoding", "state_size"]
+        "exactness", "weights", "decoding", "state_size", "groupings"]
