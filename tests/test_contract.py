@@ -330,3 +330,30 @@ def test_a_variant_written_from_the_docs_runs_check_and_run_at_kv_heads_2(tmp_pa
     rows = list(csv.DictReader((tmp_path / "r" / "results.csv").open()))
     assert [(r["variant"], r["kv_heads"], r["status"]) for r in rows] == [("toy", "2", "ok")]
     assert float(rows[0]["rel_err"]) < 1e-5
+
+
+class _RefusesGroups(Variant):
+    """Exact attention over equal heads only, saying why."""
+    name, family, paper = "_refuses_groups", "test", "https://arxiv.org/abs/1706.03762"
+    contract = Contract(exactness="exact", grouping=Grouping("kv", "refuse", why="one head only"))
+
+    def attend(self, q, k, v, causal):
+        return variants.naive_attention(q, k, v, causal)
+
+    def flops(self, B, H, N, D, causal=False):
+        return 4 * B * H * N * N * D
+
+
+def test_a_refused_grouping_is_refused_with_its_reason_and_the_kit_says_n_a():
+    register(_RefusesGroups)
+    try:
+        q, k, v = _qkv(4, 2, 2)
+        with pytest.raises(ValueError, match="one head only"):
+            variants.build("_refuses_groups")(q, k, v)
+        r = kit.run_property(groupings.groupings, "_refuses_groups")
+        assert r.status == "n/a" and "one head only" in r.detail, r.line()
+        assert Shape(1, 4, 8, 8, kv_heads=2).check(_RefusesGroups.contract.grouping) == [
+            "refuses grouped heads: one head only"]
+    finally:
+        registry._REGISTRY.pop("_refuses_groups", None)
+        registry._ORIGIN.pop("_refuses_groups", None)
