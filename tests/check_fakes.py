@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 import variants
-from variants import Variant, register
+from variants import Contract, Grouping, Variant, register
 
 _Standard = type(variants.build("standard"))  # a correct decoder, for the decoding bugs
 
@@ -28,7 +28,7 @@ class Good(Variant):
     """Exact attention by plain torch ops (the base every planted bug starts from)."""
     name = "_check_good"
     family = "test"
-    exact = True
+    contract = Contract(exactness="exact", weights=True)
     paper = "https://arxiv.org/abs/1706.03762"
 
     def attention_weights(self, q, k, causal):
@@ -111,7 +111,7 @@ class BadDeterminism(Good):
     def attention_weights(self, q, k, causal):
         return _softmax_weights(q, k, causal, q.shape[-1] ** -0.5 * self.scale)
 
-    exact = False
+    contract = Contract(weights=True)
 
 
 @register
@@ -163,3 +163,17 @@ class BadStateSize(_Standard):
 
     def state_size(self, N, D):
         return N * D
+
+
+@register
+class BadGroupings(Good):
+    """Declares that it reads grouped keys natively, but repeats them."""
+    name = "_check_groupings"
+    contract = Contract(exactness="exact", weights=True, grouping=Grouping("kv", "native"))
+
+    def attend(self, q, k, v, causal):
+        g = q.shape[1] // k.shape[1]
+        return super().attend(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), causal)
+
+    def flops_at(self, s, causal=False):
+        return self.flops(s.B, s.H, s.N, s.D, causal)

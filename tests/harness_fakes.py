@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from variants import Variant, param, register
+from variants import Contract, Variant, param, register
 
 
 class _Fake(Variant):
@@ -65,7 +65,7 @@ class PreparesByCalling(_Fake):
     then returns v. compile_ms must not count that call."""
     name = "_test_prepares"
     Params = SleepParams
-    prepare_calls = 1
+    contract = Contract(prepare_calls=1)
 
     def prepare(self, q, k, v, causal, backward=False):
         self.attend(q, k, v, causal)

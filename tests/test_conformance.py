@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import variants
-from harness.check import decoding, kit, properties
+from harness.check import decoding, groupings, kit, properties
 
 NAMES = variants.names()
 
@@ -27,7 +27,8 @@ def holds(fn, name, *args):
 @pytest.mark.parametrize("prop", [properties.spec, properties.shapes, properties.gradients,
                                   properties.batch_heads, properties.causal,
                                   properties.determinism, properties.flops,
-                                  decoding.decoding, decoding.state_size],
+                                  decoding.decoding, decoding.state_size,
+                                  groupings.groupings],
                          ids=lambda f: f.__name__)
 @pytest.mark.parametrize("name", NAMES)
 def test_property_holds(name, prop):
@@ -39,9 +40,9 @@ EXACT_NAMES = [n for n in NAMES if variants.spec(n).exact or variants.spec(n).pa
 # the generic properties' B, H, D (their kernels are reused; a length within one block, or
 # batch 1, would compile a kernel of its own: dynamo specialises sizes 0 and 1): the
 # same checks, fewer compiles.
-EXACT_CASES = [(n, N, (1, 2, 32)) for n in EXACT_NAMES if not variants.build(n).compiles
+EXACT_CASES = [(n, N, (1, 2, 32)) for n in EXACT_NAMES if not variants.spec(n).contract.compiled
                for N in (1, 63, 100, 1000)]
-EXACT_CASES += [(n, N, (3, 3, 16)) for n in EXACT_NAMES if variants.build(n).compiles
+EXACT_CASES += [(n, N, (3, 3, 16)) for n in EXACT_NAMES if variants.spec(n).contract.compiled
                 for N in (200, 1000)]
 
 
@@ -71,4 +72,4 @@ def test_the_kit_runs_every_property():
     recurrence_case; weights: weights_case)."""
     assert [f.__name__ for f in properties.ALL] == [
         "spec", "shapes", "gradients", "batch_heads", "causal", "determinism", "flops",
-        "exactness", "weights", "decoding", "state_size"]
+        "exactness", "weights", "decoding", "state_size", "groupings"]

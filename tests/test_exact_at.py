@@ -118,5 +118,5 @@ def test_the_default_is_the_class_exactness():
         name, family = "_plain", "test"
 
     assert Plain().exact_at(10) is False
-    Plain.exact = True
+    Plain.contract = variants.Contract(exactness="exact")
     assert Plain().exact_at(10) is True

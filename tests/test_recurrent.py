@@ -273,8 +273,9 @@ def test_the_draws_follow_the_papers_layers():
     assert -0.07 < float(g.mean()) < -0.03
     g2 = variants.build("mamba2").draw_inputs(2, 4, 64, 16, seed=3)["g"]
     assert g2.shape == (2, 4, 64) and bool((g2 < 0).all())
-    beta = variants.build("deltanet").inputs[0]
-    assert beta.range_text == "(0, 1)" and variants.build("gla").inputs[0].range_text == "<= 0"
+    beta = variants.spec("deltanet").contract.inputs[0]
+    gate = variants.spec("gla").contract.inputs[0]
+    assert beta.range_text == "(0, 1)" and gate.range_text == "<= 0"
     assert torch.tensor(0.999).bfloat16() == 1  # sigmoid(7) rounds to 1 in bfloat16 ...
     wide = dataclasses.replace(beta, sample=lambda gen, B, H, N, D: torch.full((B, H, N), 0.999))
     b = wide.draw(1, 1, 10, 8, seed=0, dtype=torch.bfloat16)
@@ -305,7 +306,7 @@ FLA = [f"{n}_fla" for n in NAMES]
 @pytest.mark.parametrize("name", FLA)
 def test_fla_kernels_are_refused_with_the_reason_where_they_cannot_run(name):
     m = variants.build(name)
-    assert variants.spec(name).family == "recurrent" and m.err_ref == "recurrence"
+    assert variants.spec(name).family == "recurrent" and m.contract.err_ref == "recurrence"
     reasons = m.unsupported_reasons(device="cpu", dtype=torch.bfloat16, causal=True,
                                     seq_len=128, head_dim=16)
     assert reasons and any("not installed" in r or "CUDA only" in r for r in reasons)

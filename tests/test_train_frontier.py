@@ -73,7 +73,7 @@ def test_every_variant_states_a_size_for_the_forms_it_trains():
     for name in variants.names():
         module = variants.build(name)
         for causal in (True, False):
-            if causal and not module.supports_causal:
+            if causal and not module.contract.supports_causal:
                 continue
             cfg = _config(name, causal=causal, layers=1, heads=1)
             want = module.state_size(64, 64)

@@ -139,12 +139,13 @@ def test_every_recurrence_and_linear_map_declares_an_output_layer_and_softmax_no
     attention has none (the papers' transformer block has no norm after attention)."""
     for name in variants.names():
         family = variants.spec(name).family
-        declared = getattr(variants.build(name), "output_layer", "")
+        declared = variants.spec(name).contract.output_layer
         if family in ("recurrent", "linear"):
             assert declared, name
         else:
             assert not declared, name
-    assert variants.build("gla_fla").output_layer == variants.build("gla").output_layer
+    fla, ours = variants.spec("gla_fla").contract, variants.spec("gla").contract
+    assert fla.output_layer == ours.output_layer
     assert _model("sdpa").blocks[0].output is None
 
 

@@ -207,7 +207,7 @@ def test_a_mixer_that_reads_ahead_fails_the_causality_check_before_any_step(json
 @pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
 def test_beta_max_2_declares_its_range_reaches_the_layer_and_matches_the_recurrence(name):
     m = variants.build(name, beta_max=2.0)
-    beta = next(s for s in m.inputs if s.name == "beta")
+    beta = next(s for s in m.contract.inputs if s.name == "beta")
     assert (beta.low, beta.high) == (0.0, 2.0)
     ins = m.draw_inputs(1, 2, 100, 8, seed=0, dtype=torch.float64)
     assert ins["beta"].max() > 1.0 and beta.in_range(ins["beta"])
@@ -220,7 +220,7 @@ def test_beta_max_2_declares_its_range_reaches_the_layer_and_matches_the_recurre
     nn.init.constant_(layer.proj.weight, 1.0)
     out, _ = layer(torch.full((1, 4, 16), 3.0))
     assert 1.9 < float(out.detach().max()) < 2.0
-    assert variants.build(name).inputs[-1].high == 1.0
+    assert variants.build(name).contract.inputs[-1].high == 1.0
 
 
 # -- refused before anything runs: exit 2, one line ------------------------------------------

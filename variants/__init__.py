@@ -3,7 +3,9 @@
     import variants
     variants.names()                      # every registered variant
     m = variants.build("sdpa")            # a torch.nn.Module
-    o = m(q, k, v, causal=False)          # q, k, v: (B, H, N, D)
+    o = m(q, k, v, causal=False)          # q, k, v: (B, H, N, D); grouped heads and
+                                          # values' width as its contract declares
+    variants.spec("sdpa").contract        # what it can do, declared (core/contract.py)
 
 `core/` is the bottom: the interface, the registry and the float64 exact reference. Each
 family's folder holds its variants and the kernels only they use, and imports `core` and,
@@ -18,13 +20,15 @@ outside this package: a file of one's own that `@register`s it, loaded by
 point in the group `attnbench.variants` (`load_entry_points`).
 """
 
-from .core import (WEIGHTS_MAX_N, KeyMask, ModuleError, ParamSpec, Variant, VariantSpec,
-                   build, dense_mask, exact_reference, load_entry_points, load_module,
-                   loaded_modules, make_params, naive_attention, names, origin, param,
-                   register, softmax_weights, spec, stored_params)
+from .core import (WEIGHTS_MAX_N, Contract, ContractError, Grouping, Shape, expand_heads,
+                   KeyMask, ModuleError, ParamSpec, Variant, VariantSpec, build, dense_mask,
+                   exact_reference, load_entry_points, load_module, loaded_modules, make_params,
+                   naive_attention, names, origin, param, register, softmax_weights, spec,
+                   stored_params)
 
-__all__ = ["WEIGHTS_MAX_N", "KeyMask", "ModuleError", "ParamSpec", "Variant", "VariantSpec",
-           "build", "dense_mask", "exact_reference", "load_entry_points", "load_module",
+__all__ = ["WEIGHTS_MAX_N", "Contract", "ContractError", "Grouping", "Shape", "expand_heads",
+           "KeyMask", "ModuleError", "ParamSpec", "Variant", "VariantSpec", "build",
+           "dense_mask", "exact_reference", "load_entry_points", "load_module",
            "loaded_modules", "make_params", "naive_attention", "names", "origin", "param",
            "register", "softmax_weights", "spec", "stored_params"]
 

@@ -16,6 +16,7 @@ import torch
 
 import variants
 from harness.check.decoding import decoding, state_size, weights
+from harness.check.groupings import groupings
 from harness.check.kit import (N_GENERIC, Failed, NotApplicable, Refused, expect, extra,
                                qkv, rel_err, require, run_property)
 
@@ -70,7 +71,7 @@ def gradients(name: str) -> str:
     """Backward equals central finite differences of a random projection of the output,
     along a random direction of each input (float64 where the variant takes it)."""
     m = variants.build(name)
-    causal = m.causal_only is not None
+    causal = m.contract.causal_only
     wide = not m.unsupported_reasons(device="cpu", dtype=torch.float64, causal=causal,
                                      seq_len=N_GENERIC, head_dim=8, backward=True)
     dtype, eps, tol = (torch.float64, 1e-6, 1e-6) if wide else (torch.float32, 1e-2, 5e-2)
@@ -107,11 +108,11 @@ def batch_heads(name: str) -> str:
     """Batch entries and heads are independent: permuted heads, a sliced batch, same rows."""
     m = variants.build(name)
     q, k, v = qkv()
-    causal = m.causal_only is not None
+    causal = m.contract.causal_only
     require(m, q, causal)
     perm = torch.tensor([2, 0, 1])
     ins = extra(m, q)
-    if getattr(m, "per_head_schedule", False):  # head h has its own fixed constant (RetNet's
+    if m.contract.per_head_schedule:  # head h has its own fixed constant (RetNet's
         perm = torch.tensor([0, 1, 2])           # decays): heads are independent, not alike
     with torch.no_grad():
         o = m(q, k, v, causal=causal, **ins)
@@ -159,7 +160,7 @@ def determinism(name: str) -> str:
     """Two modules built with the same parameters give the same output, bit for bit."""
     q, k, v = qkv()
     m = variants.build(name)
-    causal = m.causal_only is not None
+    causal = m.contract.causal_only
     require(m, q, causal)
     ins = extra(m, q)
     with torch.no_grad():
@@ -186,7 +187,7 @@ def flops(name: str) -> str:
         if s.exact:
             expect(c == f[1] // 2, f"exact causal flops {c} != half of {f[1]}")
     counted = []
-    if not m.compiles:
+    if not m.contract.compiled:
         for cz in (False, True):
             q, k, v = qkv(B=1, H=2, N=256, D=32)
             if m.unsupported_reasons(device="cpu", dtype=q.dtype, causal=cz, seq_len=256,
@@ -265,7 +266,7 @@ def exactness(name: str) -> str:
 
 
 ALL = (spec, shapes, gradients, batch_heads, causal, determinism, flops, exactness,
-       weights, decoding, state_size)
+       weights, decoding, state_size, groupings)
 
 
 def check(names: list[str], properties=ALL) -> list:

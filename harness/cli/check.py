@@ -22,6 +22,8 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
                                   "variants with @variants.register")
     p.add_argument("--variants", help="comma-separated names to check (default: every "
                                       "variant the module registers)")
+    p.add_argument("--properties", help="comma-separated properties to run (default: all: "
+                                        + ", ".join(f.__name__ for f in ALL) + ")")
     modules.add_args(p)
 
 
@@ -40,11 +42,20 @@ def check_command(args) -> int:
             raise UsageError(f"--variants: {', '.join(unknown) or '(none)'} not registered by "
                              f"{args.module}; it registers {', '.join(names)}")
         names = wanted
+    props = ALL
+    if getattr(args, "properties", None) is not None:
+        by_name = {f.__name__: f for f in ALL}
+        wanted = [t.strip() for t in args.properties.split(",") if t.strip()]
+        unknown = [n for n in wanted if n not in by_name]
+        if unknown or not wanted:
+            raise UsageError(f"--properties: unknown {', '.join(unknown) or '(none)'}; the "
+                             f"kit's properties: {', '.join(by_name)}")
+        props = tuple(by_name[n] for n in wanted)
     torch.manual_seed(0)
     results = []
     for name in names:
         print(f"{name} ({variants.origin(name)})", flush=True)
-        for fn in ALL:
+        for fn in props:
             r = kit.run_property(fn, name)
             results.append(r)
             print("  " + r.line(len(name)), flush=True)

@@ -41,7 +41,9 @@ from harness.measure.worker import import_extra
 _OVERRIDES = {"variants": ("variants", str), "seq_lens": ("seq_lens", int),
               "device": ("devices", str), "dtype": ("dtypes", str), "pass_": ("passes", str),
               "inputs": ("inputs", str), "causal": ("causal", "bool"), "batch": ("batch", int),
-              "heads": ("heads", int), "head_dim": ("head_dim", int)}
+              "heads": ("heads", int), "head_dim": ("head_dim", int),
+              "kv_heads": ("kv_heads", int), "value_heads": ("value_heads", int),
+              "value_dim": ("value_dim", int)}
 _SCALARS = {"timeout": ("timeout_s", float), "min_run_time": ("min_run_time_s", float),
             "min_repeats": ("min_repeats", int), "threads": ("threads", int),
             "mem_limit_mib": ("mem_limit_mib", int), "err_rows": ("err_rows", int),
@@ -76,6 +78,12 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     narrow.add_argument("--batch")
     narrow.add_argument("--heads")
     narrow.add_argument("--head-dim", dest="head_dim")
+    narrow.add_argument("--kv-heads", dest="kv_heads",
+                        help="key-value heads of softmax variants, dividing --heads (8,1)")
+    narrow.add_argument("--value-heads", dest="value_heads",
+                        help="value heads of recurrences, a multiple of --heads (8,16)")
+    narrow.add_argument("--value-dim", dest="value_dim",
+                        help="values' width, for variants that declare value_dim")
     sett = p.add_argument_group("run settings")
     sett.add_argument("--timeout", help="seconds per case before the worker is killed")
     sett.add_argument("--min-run-time", dest="min_run_time", help="timing budget per case, s")
@@ -237,9 +245,19 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
 
 def add_list_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true", help="include names starting with '_'")
+    p.add_argument("--spec", metavar="NAME", help="print one variant's declared contract, "
+                                                  "field by field")
 
 
 def list_command(args) -> int:
+    if getattr(args, "spec", None):
+        try:
+            s = variants.spec(args.spec)
+        except ValueError as e:  # an unknown name: one line, exit 2
+            raise UsageError(str(e)) from None
+        print(f"{s.name} ({s.family}, {s.origin}): {s.summary}")
+        print(tabulate(list(s.contract.describe().items()), headers=["contract", "declared"]))
+        return 0
     rows = []
     for name in variants.names(private=args.all):
         s = variants.spec(name)
@@ -250,10 +268,10 @@ def list_command(args) -> int:
         causal = "only" if s.causal_only else ("yes" if s.supports_causal else "no")
         inputs = "; ".join(f"{i.name} {i.shape_text} {i.range_text}" for i in s.inputs) or "-"
         rows.append([name, s.family, exact, causal, "yes" if s.supports_backward else "no",
-                     params, inputs, s.origin, s.paper])
+                     s.grouping.describe(), params, inputs, s.origin, s.paper])
     print(tabulate(rows, headers=["variant", "family", "exact", "causal", "backward",
-                                  "parameters (defaults)", "inputs beyond q, k, v", "origin",
-                                  "paper"]))
+                                  "heads", "parameters (defaults)", "inputs beyond q, k, v",
+                                  "origin", "paper"]))
     return 0
 
 

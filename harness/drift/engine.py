@@ -114,8 +114,9 @@ def case_reasons(case: Case, module, model, source: Source) -> list[str]:
     """Why this case cannot run (empty when it can): the text, the model, then the variant."""
     why = [source.too_short[case.seq_len]] if case.seq_len in source.too_short else []
     why += ha.model_reasons(model, source.info.head_dim, case.seq_len)
-    if module.inputs:  # a recurrence's gates: nothing in a softmax model makes them
-        why.append(f"{case.variant} takes {', '.join(s.name for s in module.inputs)} beyond "
+    if module.contract.inputs:  # a recurrence's gates: nothing in a softmax model makes them
+        names = ", ".join(s.name for s in module.contract.inputs)
+        why.append(f"{case.variant} takes {names} beyond "
                    "q, k, v: the pretrained model has no gates to give it")
     return why + module.unsupported_reasons(device="cpu", dtype=torch.float32,
                                             causal=source.info.causal, seq_len=case.seq_len,

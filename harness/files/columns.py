@@ -45,7 +45,12 @@ RESULT_COLUMNS = [
     "max_abs_err", "err_rows",
     "row_cos", "err_ref", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed",
     "state_size", "decode_tokens", "prefill_ms", "decode_state_mib", "keys_per_query",
-    "decode_read_mib"]
+    "decode_read_mib", "kv_heads", "value_heads", "value_dim"]
+# Heads and widths of their own (variants.core.contract): kv_heads (grouped keys, Hk = Hv
+# dividing heads), value_heads (grouped values, Hv a multiple of heads = Hk), value_dim
+# (values' width Dv); empty where the default (heads, head_dim). Added last: a results.csv
+# written before them resumes in its own columns (csvlog.CsvLog.later).
+LATER_RESULT_COLUMNS = ("kv_heads", "value_heads", "value_dim")
 # keys_per_query: the mean number of keys a query attends to at this length and causal flag
 # (variants' `keys_per_query`: N for exact attention, (N + 1) / 2 causal; a window, a
 # block layout, top-k blocks, pages or keys: theirs), the budget on which sparse patterns,

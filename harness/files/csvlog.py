@@ -34,8 +34,19 @@ class CsvLog:
     `rows` ignores it and `open` cuts it off before appending.
     """
 
-    def __init__(self, path: Path, columns: list[str]):
+    def __init__(self, path: Path, columns: list[str], later: tuple[str, ...] = ()):
         self.path, self.columns = Path(path), columns
+        # Columns added at the end since earlier versions: a file written before them
+        # (its header the columns without that tail) is still this log, appended to in
+        # its own columns (`takes`).
+        self.later = tuple(later)
+
+    def takes(self, header: list[str]) -> bool:
+        """Whether a file of this header is this log: these columns, or these without a
+        tail of `later` columns (a folder written before they were added)."""
+        n = len(header)
+        return header == self.columns or (header == self.columns[:n]
+                                          and set(self.columns[n:]) <= set(self.later))
 
     def _data(self, cut: bool) -> bytes:
         data = self.path.read_bytes() if self.path.exists() else b""
@@ -57,6 +68,9 @@ class CsvLog:
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not self._data(cut=True)
+        header = None if fresh else self.header()
+        if header is not None and header != self.columns and self.takes(header):
+            self.columns = header  # a folder from before the later columns: its own
         self._f = self.path.open("a", newline="")
         self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="raise")
         if fresh:

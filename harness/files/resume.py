@@ -47,6 +47,6 @@ def check_folder(folder: Path, meta_path: Path, log: CsvLog, *, runs: set[str], 
         raise UsageError(f"{folder} holds {other}; resuming needs the same preset/config and "
                          "flags (or choose another --run-id)")
     header = log.header()
-    if header is not None and header != log.columns:
+    if header is not None and not log.takes(header):
         raise UsageError(f"{log.path} has other columns than this version writes")
     return True

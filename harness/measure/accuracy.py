@@ -83,12 +83,17 @@ class DecodeReference:
         B, H, T, D = q.shape
         self.top = self.q64.new_full((B, H, T, 1), float("-inf"))
         self.den = self.q64.new_zeros(B, H, T, 1)
-        self.num = self.q64.new_zeros(B, H, T, D)
+        self.num = None  # (B, H, T, Dv), from the first values
 
     def add(self, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None):
-        """Keys and values (B, H, r, D) every new token sees (`allowed` (T, r): which)."""
+        """Keys and values (B, Hk, r, D) every new token sees (`allowed` (T, r): which)."""
         if k.shape[-2] == 0:
             return
+        H = self.q64.shape[1]  # grouped keys: query head h reads key-value head h // (H / Hk)
+        k, v = (t if t.shape[1] == H else t.repeat_interleave(H // t.shape[1], dim=1)
+                for t in (k, v))
+        if self.num is None:
+            self.num = self.q64.new_zeros(*self.q64.shape[:3], v.shape[-1])
         s = self.q64 @ k.detach().double().transpose(-1, -2)  # (B, H, T, r) scores
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))

@@ -49,6 +49,7 @@ import torch
 
 from harness.measure import accuracy, layers, memory, timing
 from harness.measure.inputs import make_inputs
+from variants import expand_heads
 
 CHUNK = 8192
 _NEW_TOKENS_SEED = 999_983
@@ -60,8 +61,9 @@ LAYER_SEED = 1_000_000_007
 def _draw(case, module, r, dtype, device, seed, layer=0):
     seed += layer * LAYER_SEED
     q, k, v = make_inputs(case.input, case.batch, case.heads, r, case.head_dim, dtype=dtype,
-                          device=device, seed=seed)
-    inputs = module.draw_inputs(case.batch, case.heads, r, case.head_dim, seed=seed,
+                          device=device, seed=seed, kv_heads=case.kv_heads,
+                          value_heads=case.value_heads, value_dim=case.value_dim)
+    inputs = module.draw_inputs(case.batch, case.shape.out_heads, r, case.head_dim, seed=seed,
                                 dtype=dtype, device=device,
                                 fixed_seed=case.seed + layer * LAYER_SEED)
     return q, k, v, inputs
@@ -101,14 +103,15 @@ def prefill(case, module, dtype, device, reference=None, layer=0):
         del ks, vs, ins
         _sync(device)
         start = time.perf_counter()
-        state = module.prefill(k, v, max_len=max_len, **inputs)
+        state = module.prefill(k, v, max_len=max_len, q_heads=case.heads, **inputs)
         _sync(device)
         return state, time.perf_counter() - start
     spent, state = 0.0, None
     for _, k, v, inputs in chunks:
         _sync(device)
         start = time.perf_counter()
-        state = (module.prefill(k, v, max_len=max_len, **inputs) if state is None
+        state = (module.prefill(k, v, max_len=max_len, q_heads=case.heads, **inputs)
+                 if state is None
                  else module.extend(state, k, v, **inputs))
         _sync(device)
         spent += time.perf_counter() - start
@@ -129,10 +132,11 @@ class RecurrenceReference:
         self.module, self.state = module, None
 
     def add(self, q, k, v, inputs):
-        _, self.state = self.module.reference_from(self.state, q, k, v, **inputs)
+        _, self.state = self.module.reference_from(self.state, *expand_heads(q, k, v),
+                                                   **inputs)
 
     def finish(self, q, k, v, inputs):
-        return self.module.reference_from(self.state, q, k, v, **inputs)[0]
+        return self.module.reference_from(self.state, *expand_heads(q, k, v), **inputs)[0]
 
 
 class SoftmaxReference:
@@ -161,10 +165,11 @@ def tokens(module, q, k, v, inputs) -> list[tuple]:
 def steps(mods, states, toks):
     """A callable: the decoding steps of the T tokens, each token through every layer in
     turn (`mods`, `states` and `toks`, each layer's tokens from `tokens`, one entry a
-    layer), from the states as they are: the method alone (`decode_step`: the tokens were
-    checked by `tokens`), its arguments laid out beforehand; returns the outputs in that
+    layer), from the states as they are: the method alone (`unchecked_step`: the tokens
+    were checked by `tokens`; a `repeat` grouping's repeat of the token's heads, then
+    `decode_step`), its arguments laid out beforehand; returns the outputs in that
     order (token-major: token t of layer l is entry t * layers + l)."""
-    plan = [(m.decode_step, s, *tok[t]) for t in range(len(toks[0]))
+    plan = [(m.unchecked_step, s, *tok[t]) for t in range(len(toks[0]))
             for m, s, tok in zip(mods, states, toks)]
 
     def run():
@@ -178,14 +183,25 @@ def traffic_mib(case, module, state) -> float | None:
     (`decode_read_size`) and what it writes (`decode_write_size`: the whole state again
     where the step rewrites it), in the state's own element size (`state_nbytes` over its
     elements: a recurrence keeps a float32 state for a bfloat16 case)."""
-    N, D = case.seq_len, case.head_dim
-    read = module.decode_read_size(N, D)
-    write = module.decode_write_size(N, D, state)
-    if read is None or write is None:
-        return None
+    N, D, s = case.seq_len, case.head_dim, case.shape
+    if not s.grouped and s.Dv == D:  # per head, times the heads (the case it always was)
+        read = module.decode_read_size(N, D)
+        write = module.decode_write_size(N, D, state)
+        if read is None or write is None:
+            return None
+        heads_read = heads_written = case.heads
+    else:  # per batch element, all heads: Hk caches, Hv states, Dv wide
+        read = module.decode_read_size_at(N, s)
+        if read is None:
+            return None
+        # A cache that appends writes the new token's key and value in each head it holds
+        # (Hk natively, one per output head where the grouping repeats); any other state
+        # is rewritten whole: what it reads.
+        write = state.heads() * (D + s.Dv) if state.appends else read
+        heads_read = heads_written = 1
     elements = sum(t.numel() for t in state.tensors())
     per_element = module.state_nbytes(state) / elements if elements else 0.0
-    return case.batch * case.heads * (read + write) * per_element / memory.MIB
+    return case.batch * (heads_read * read + heads_written * write) * per_element / memory.MIB
 
 
 def _sum_or_none(values):
@@ -203,8 +219,8 @@ def measure(case, module, device, part: str) -> dict:
         drawn = [new_tokens(case, m, dtype, device, layer) for layer, m in enumerate(mods)]
         toks = [tokens(m, *d) for m, d in zip(mods, drawn)]
         reference = None
-        if part == "time" and module.err_ref is not None:  # a plain variant: one layer
-            reference = (RecurrenceReference(module) if module.err_ref == "recurrence"
+        if part == "time" and module.contract.err_ref is not None:  # a plain variant: one layer
+            reference = (RecurrenceReference(module) if module.contract.err_ref == "recurrence"
                          else SoftmaxReference(drawn[0][0]))
         before = memory.resident_mib(device)
         states, prefill_s = [], 0.0

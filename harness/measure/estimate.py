@@ -79,7 +79,7 @@ def plan_cases(cases: list[Case], cpu_rate_flops_per_s: float
             continue
         kernel = (case.variant, case.device, case.dtype, case.pass_)
         compile_s = 0.0
-        if module.compiles and kernel not in compiled:
+        if module.contract.compiled and kernel not in compiled:
             compiled.add(kernel)
             compile_s = sum(COMPILE_ASSUMED_S)
         if case.decode:

@@ -36,8 +36,14 @@ RETRIEVAL_KEYS = 4  # keys each code is planted on
 
 
 def make_inputs(dist: str, B: int, H: int, N: int, D: int, *, dtype=torch.float32,
-                device="cpu", seed: int = 0):
-    """q, k, v for distribution `dist`, drawn on CPU in float32 from `seed`, then cast."""
+                device="cpu", seed: int = 0, kv_heads: int | None = None,
+                value_heads: int | None = None, value_dim: int | None = None):
+    """q, k, v for distribution `dist`, drawn on CPU in float32 from `seed`, then cast.
+
+    Heads and widths of their own: kv_heads keeps the first kv_heads of the keys and
+    values (grouped keys); value_heads or value_dim draws the values again, (B, value_heads
+    or kv_heads or H, N, value_dim or D), from the same generator after the rest. At the
+    default the draw is the one it always was."""
     if dist not in DISTRIBUTIONS:
         raise ValueError(f"unknown input distribution {dist!r}; allowed: {', '.join(DISTRIBUTIONS)}")
     g = torch.Generator().manual_seed(seed)
@@ -51,6 +57,10 @@ def make_inputs(dist: str, B: int, H: int, N: int, D: int, *, dtype=torch.float3
         k = 0.5 * k + math.sqrt(LOCAL_SCALE * math.sqrt(D)) * pos
     elif dist == "retrieval":
         q, k = _retrieval(q, k, g)
+    if kv_heads not in (None, H):
+        k, v = k[:, :kv_heads], v[:, :kv_heads]
+    if value_heads not in (None, H) or value_dim not in (None, D):
+        v = torch.randn(B, value_heads or v.shape[1], N, value_dim or D, generator=g)
     return tuple(t.to(dtype=dtype, device=device).contiguous() for t in (q, k, v))
 
 

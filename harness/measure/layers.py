@@ -16,6 +16,7 @@ trained by `run_bench.py train`; its forward passes are not cases of their own
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import variants
@@ -27,40 +28,48 @@ NO_REFERENCE = ("a layer pattern's decode row has no single reference: its layer
                 "are drawn apart, and each mixer's own decoding is tested against its own")
 
 
+@dataclasses.dataclass(frozen=True)
+class StackContract:
+    """What the harness reads of a stack's declared contract: its layers' joined."""
+    supports_causal: bool
+    compiled: bool
+    inputs: tuple
+    err_ref: None = None  # no single reference: the error columns stay empty (NO_REFERENCE)
+    exact: bool = False
+    prepare_calls: int = 0
+
+
 class Stack:
     """A layer pattern as one case's module: `layers` (built, in layer order) and what the
     rows, the skips, the guard and the plan read of a module, over all of them."""
 
     family = stack.FAMILY
-    err_ref = None  # no single reference: the error columns stay empty (NO_REFERENCE)
-    exact = False
 
     def __init__(self, spec: str, params: dict[str, dict]):
         self.name = spec
         self.layers = tuple(variants.build(n, **params.get(n, {})) for n in stack.parse(spec))
+        self.contract = StackContract(
+            supports_causal=all(m.contract.supports_causal for m in self.layers),
+            compiled=any(m.contract.compiled for m in self.layers),
+            inputs=tuple({s.name: s for m in self.layers for s in m.contract.inputs}.values()))
 
     def to(self, device) -> "Stack":
         for m in self.layers:
             m.to(device)
         return self
 
-    @property
-    def supports_causal(self) -> bool:
-        return all(m.supports_causal for m in self.layers)
-
-    @property
-    def compiles(self) -> bool:
-        return any(m.compiles for m in self.layers)
-
-    @property
-    def inputs(self) -> tuple:
-        return tuple({s.name: s for m in self.layers for s in m.inputs}.values())
-
     def exact_at(self, seq_len: int, causal: bool = False) -> bool:
         return False
 
     def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:
         return sum(m.flops(B, H, N, D, causal) for m in self.layers)
+
+    def flops_at(self, s, causal: bool = False) -> int:
+        return sum(m.flops_at(s, causal) for m in self.layers)
+
+    def state_size_at(self, N: int, s) -> int | None:
+        sizes = [m.state_size_at(N, s) for m in self.layers]
+        return None if None in sizes else sum(sizes)
 
     def state_size(self, N: int, D: int) -> int | None:
         """The sum of the layers' own state_size(N, D); None when one does not say."""
@@ -78,6 +87,9 @@ class Stack:
 
     def key_mask(self, N: int):
         return None  # several mixers: no one fixed pattern of keys
+
+    def memory_bytes(self, *case) -> None:
+        return None  # each layer's own: the guard goes by the measured points
 
 
 def _joined(lists) -> list[str]:

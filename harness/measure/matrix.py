@@ -12,6 +12,9 @@ product and the union (first occurrence of each case id wins) is the run. Withou
     batch = 1                   # an int or a list, likewise heads, head_dim
     heads = 4
     head_dim = 64
+    kv_heads = [4, 1]           # softmax variants: key-value heads, dividing heads (default: heads)
+    value_heads = [4, 8]        # recurrences: value heads, a multiple of heads (default: heads)
+    value_dim = [64]            # values' width where a variant declares it (default: head_dim)
     dtypes = ["float32"]        # float32, float64, float16, bfloat16
     devices = ["cpu"]           # cpu, cuda
     inputs = ["gaussian"]       # harness.measure.inputs.DISTRIBUTIONS, "minilm", or a [captures.NAME]
@@ -43,6 +46,14 @@ exist, not part of what is run.
 
 A captured input's case records the model's real shape: batch = layers x the group's
 `batch` (token windows), heads and head_dim the model's; a causal model's cases are causal.
+
+Heads and widths of their own (variants.core.contract): `kv_heads` applies to variants
+whose contract groups key-value heads (softmax), `value_heads` to those that group value
+heads (recurrences); each other variant takes the default. A case records kv_heads,
+value_heads and value_dim only where they differ from heads and head_dim: a case at the
+default keeps the id it had before the axes existed. A value that does not divide (kv_heads
+3 with 8 heads), value_dim on a variant that does not declare it, and grouped heads on a
+captured input other than the model's own are refused with the matrix's other errors.
 """
 
 from __future__ import annotations
@@ -83,7 +94,11 @@ _KEYS: dict[str, tuple[object, str]] = {
     "rounds": (1, "int"),
     "timeout_s": (120.0, "float"), "threads": (0, "int"), "err_rows": (1024, "int"),
     "mem_limit_mib": (0, "int"), "decode_tokens": (16, "int"),
+    "kv_heads": ([None], "list:int"), "value_heads": ([None], "list:int"),
+    "value_dim": ([None], "list:int"),
 }
+# Axes a case records only where they differ from the default: not in the id otherwise.
+SHAPE_FIELDS = ("kv_heads", "value_heads", "value_dim")
 _ALLOWED = {"dtypes": DTYPES, "devices": DEVICES, "inputs": DISTRIBUTIONS, "passes": PASSES}
 # Keys that make a case: its id is the hash of these. Run settings (time budget, threads,
 # limits) are not in it, so runs on different machines compare case by case.
@@ -114,6 +129,9 @@ class Case:
     capture: str = ""  # a declared captured input: JSON {"model", "text"} paths (harness.models.capture)
     rounds: int = 1  # timing rounds spread over the run (a run setting, not in the case id)
     decode_tokens: int = 16  # a decode case: tokens generated after its context of seq_len
+    kv_heads: int | None = None  # grouped keys (Hk = Hv < heads); None: heads
+    value_heads: int | None = None  # grouped values (Hv > heads = Hk); None: heads
+    value_dim: int | None = None  # values' width (Dv != head_dim); None: head_dim
 
     @property
     def decode(self) -> bool:
@@ -126,6 +144,9 @@ class Case:
             key["capture"] = self.capture
         if self.decode:  # what a decode case measures; other cases' ids stay as they were
             key["decode_tokens"] = self.decode_tokens
+        for f in SHAPE_FIELDS:  # only where not the default: older ids stay as they were
+            if getattr(self, f) is not None:
+                key[f] = getattr(self, f)
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -139,11 +160,20 @@ class Case:
     def series(self) -> tuple:
         """Cases that differ only in seq_len (and input, seed): the memory guard's unit."""
         return (self.variant, self.params, self.device, self.dtype, self.batch, self.heads,
-                self.head_dim, self.causal, self.pass_)
+                self.head_dim, self.causal, self.pass_, self.kv_heads, self.value_heads,
+                self.value_dim)
+
+    @property
+    def shape(self) -> variants.Shape:
+        """Its heads and widths (variants.core.contract.Shape) at its length."""
+        return variants.Shape(self.batch, self.heads, self.seq_len, self.head_dim, self.kv_heads,
+                     self.value_heads, self.value_dim)
 
     def label(self) -> str:
         p = ",".join(f"{k}={v}" for k, v in self.param_dict.items())
-        return (f"{self.variant}({p}) N={self.seq_len} {self.pass_} {self.input} "
+        grouped = "".join(f" {f}={getattr(self, f)}" for f in SHAPE_FIELDS
+                          if getattr(self, f) is not None)
+        return (f"{self.variant}({p}) N={self.seq_len}{grouped} {self.pass_} {self.input} "
                 f"{self.dtype} {self.device}{' causal' if self.causal else ''}")
 
     def to_json(self) -> dict:
@@ -199,6 +229,10 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
             errors.append(f"groups[{i}]: passes = [\"decode\"] generates tokens causally: it "
                           "needs causal = [true] (put decode in a group of its own)")
         full.append(g)
+    for g in full:  # at the default the matrix reads as before (old folders resume)
+        for f in SHAPE_FIELDS:
+            if g[f] == [None]:
+                del g[f]
     if narrow is not None:
         narrow_variants(full, narrow, errors)
     if errors:  # top-level keys are checked once per group: report each problem once
@@ -341,25 +375,70 @@ resolve_variants = _resolve_variants  # the training matrix (harness.train.matri
 
 
 def expand(matrix: dict) -> list[Case]:
-    """Every case of a normalised matrix, seq_len innermost and ascending, deduplicated."""
+    """Every case of a normalised matrix, seq_len innermost and ascending, deduplicated.
+    A grouping the matrix cannot have (`grouped`) raises UsageError, every one named."""
     cases: dict[str, Case] = {}
+    errors: list[str] = []
     captures = matrix.get("captures", {})
     for g in matrix["groups"]:
         settings = [(n, p) for n, ps in g["variants"].items() for p in ps]
         axes = (settings, g["devices"], g["dtypes"], g["batch"], g["heads"], g["head_dim"],
-                g["causal"], g["passes"], g["inputs"], sorted(g["seq_lens"]))
-        for (name, params), device, dtype, B, H, D, causal, pass_, dist, N in itertools.product(*axes):
+                g.get("kv_heads", [None]), g.get("value_heads", [None]),
+                g.get("value_dim", [None]), g["causal"], g["passes"], g["inputs"],
+                sorted(g["seq_lens"]))
+        for ((name, params), device, dtype, B, H, D, Hk, Hv, Dv, causal, pass_, dist,
+             N) in itertools.product(*axes):
             src = ""
             if dist not in DISTRIBUTIONS:  # captured: the model fixes the shape (harness.models.capture)
                 info = capture.model_info(capture.source_of(dist, captures)["model"])
+                asked = (Hk, Hv, Dv)
                 B, H, D, causal = info.layers * B, info.heads, info.head_dim, causal or info.causal
                 src = json.dumps(captures[dist], sort_keys=True) if dist in captures else ""
+                Hk, Hv, Dv = _captured_grouping(dist, info, asked, errors)
+            Hk, Hv, Dv = grouped(name, H, D, Hk, Hv, Dv, errors)
             c = Case(name, params, device, dtype, B, H, D, N, causal, pass_, dist, g["seed"],
                      float(g["min_run_time_s"]), g["min_repeats"], float(g["timeout_s"]),
                      g["threads"] or os.cpu_count() or 1, g["err_rows"], g["mem_limit_mib"], src,
-                     g["rounds"], g["decode_tokens"])
+                     g["rounds"], g["decode_tokens"], Hk, Hv, Dv)
             cases.setdefault(c.case_id, c)
+    if errors:
+        raise UsageError("; ".join(dict.fromkeys(errors)))
     return list(cases.values())
+
+
+def grouped(name: str, H: int, D: int, Hk, Hv, Dv, errors: list[str]) -> tuple:
+    """(kv_heads, value_heads, value_dim) of a case of variant `name` at H heads of width D:
+    each axis the variant's contract does not group is dropped (the default), a value equal
+    to the default is None (the case keeps its old id); what it cannot take is an error."""
+    if stack.is_pattern(name):  # a model's layers: each mixer at its own default heads
+        return None, None, None
+    grouping = variants.spec(name).contract.grouping
+    Hk = None if Hk == H or grouping.heads != "kv" else Hk
+    Hv = None if Hv == H or grouping.heads != "value" else Hv
+    Dv = None if Dv == D else Dv
+    if Hk is not None and H % Hk:
+        errors.append(f"kv_heads {Hk} does not divide heads {H} (query head h reads key-value "
+                      "head h // (heads / kv_heads))")
+    if Hv is not None and Hv % H:
+        errors.append(f"value_heads {Hv} is not a multiple of heads {H} (value head j reads "
+                      "query-key head j // (value_heads / heads))")
+    if Dv is not None and not grouping.value_dim:
+        errors.append(f"value_dim {Dv}: {name} does not declare values of their own width "
+                      "(its contract's grouping.value_dim)")
+    return Hk, Hv, Dv
+
+
+def _captured_grouping(dist: str, info, asked: tuple, errors: list[str]) -> tuple:
+    """A captured input has the model's own heads: kv_heads other than the model's (its
+    captured keys are repeated to its heads), value_heads or value_dim are errors."""
+    Hk, Hv, Dv = asked
+    if Hk not in (None, info.heads, info.kv_heads):
+        errors.append(f"kv_heads {Hk} with the captured input {dist!r}: the model has "
+                      f"{info.kv_heads} key-value heads of {info.heads}")
+    if Hv not in (None, info.heads) or Dv not in (None, info.head_dim):
+        errors.append(f"value_heads/value_dim with the captured input {dist!r}: the model's "
+                      f"values are {info.heads} heads of {info.head_dim}")
+    return None, None, None
 
 
 def load(source: str, overrides: dict | None = None) -> tuple[dict, list[Case]]:

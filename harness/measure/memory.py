@@ -127,12 +127,13 @@ def decode_bytes(case, module) -> int | None:
     """A decode case's bytes: the state at its final length (B H state_size(N + T, D)
     elements), the context chunk being drawn, and the new tokens; None where the variant
     does not state its state size."""
-    per_head = module.state_size(case.seq_len + case.decode_tokens, case.head_dim)
-    if per_head is None:
+    state = module.state_size_at(case.seq_len + case.decode_tokens, case.shape)
+    if state is None:
         return None
     size = torch.finfo(getattr(torch, case.dtype)).bits // 8
-    chunk = 3 * case.batch * case.heads * min(case.seq_len, 8192) * case.head_dim
-    return (case.batch * case.heads * per_head + chunk) * size
+    s = case.shape
+    chunk = case.batch * min(case.seq_len, 8192) * (s.H * s.D + s.Hk * s.D + s.Hv * s.Dv)
+    return (case.batch * state + chunk) * size
 
 
 class MemoryGuard:
@@ -160,9 +161,8 @@ class MemoryGuard:
             b = decode_bytes(case, module)
             if b is not None:
                 return b / MIB, "the decoding state it keeps (state_size)"
-        hook = getattr(module, "memory_bytes", None)
-        if hook is not None:
-            b = hook(case.batch, case.heads, case.seq_len, case.head_dim,
+        if module is not None:
+            b = module.memory_bytes(case.batch, case.heads, case.seq_len, case.head_dim,
                      getattr(torch, case.dtype), case.backward)
             if b is not None:
                 return b / MIB, "declared by the variant"

@@ -20,22 +20,25 @@ NO_CUDA = "CUDA is not available on this machine"
 
 def case_row(case: Case, module) -> dict:
     """The descriptive columns of a case (everything but the measurements)."""
-    flops = module.flops(case.batch, case.heads, case.seq_len, case.head_dim, case.causal)
+    shape = case.shape
+    flops = module.flops_at(shape, case.causal)
     if case.backward:
         flops *= 3  # backward counted as twice the forward (two matmuls per forward matmul)
     if case.decode:
         flops = None  # the forward's count says nothing of one token's step
-    per_head = module.state_size(case.seq_len, case.head_dim)
+    state = module.state_size_at(case.seq_len, shape)
     return {"case_id": case.case_id, "variant": case.variant, "family": module.family,
             "params": case.params, "exact": module.exact_at(case.seq_len, case.causal),
-            "err_ref": module.err_ref,
+            "err_ref": module.contract.err_ref,
             "device": case.device, "dtype": case.dtype,
             "batch": case.batch, "heads": case.heads, "head_dim": case.head_dim,
             "seq_len": case.seq_len, "causal": case.causal, "pass": case.pass_,
             "input": case.input, "flops": flops, "seed": case.seed, "threads": case.threads,
-            "state_size": None if per_head is None else case.batch * case.heads * per_head,
+            "state_size": None if state is None else case.batch * state,
             "decode_tokens": case.decode_tokens if case.decode else None,
-            "keys_per_query": module.keys_per_query(case.seq_len, case.causal)}
+            "keys_per_query": module.keys_per_query(case.seq_len, case.causal),
+            "kv_heads": case.kv_heads, "value_heads": case.value_heads,
+            "value_dim": case.value_dim}
 
 
 def skip_reasons(case: Case, module) -> list[str]:
@@ -48,13 +51,15 @@ def skip_reasons(case: Case, module) -> list[str]:
     reasons += module.unsupported_reasons(device=case.device, dtype=getattr(torch, case.dtype),
                                           causal=case.causal, seq_len=case.seq_len,
                                           head_dim=case.head_dim, backward=case.backward)
-    if case.decode and module.supports_causal:  # (a non-causal one's reason is above)
+    if case.shape.grouped or case.shape.Dv != case.head_dim:  # a grouping it refuses
+        reasons += case.shape.check(module.contract.grouping, case.variant)
+    if case.decode and module.contract.supports_causal:  # (a non-causal one's reason is above)
         reasons += module.decode_reasons()
         if case.input not in DISTRIBUTIONS:
             reasons.append(f"decode draws its context from a synthetic distribution, chunk by "
                            f"chunk; {case.input} is a captured input")
-    if module.inputs and case.input not in DISTRIBUTIONS:  # nothing to draw them from
+    if module.contract.inputs and case.input not in DISTRIBUTIONS:  # nothing to draw them from
         reasons.append(f"{case.input} is a captured input without "
-                       f"{', '.join(s.name for s in module.inputs)} ({case.variant}'s "
+                       f"{', '.join(s.name for s in module.contract.inputs)} ({case.variant}'s "
                        "inputs beyond q, k, v: the captured model has no gates)")
     return reasons + capture.skip_reasons(case)

@@ -21,6 +21,7 @@ from pathlib import Path
 import variants
 from harness.files import META, RESULTS, ROUNDS, CsvLog, check_folder, now, write_json  # noqa: F401 (re-exported)
 from harness.files import RESULT_COLUMNS as COLUMNS
+from harness.files.columns import LATER_RESULT_COLUMNS
 
 
 class RunStore:
@@ -32,23 +33,27 @@ class RunStore:
         self.rounds_path = Path(rounds_path) if rounds_path is not None else self.folder / ROUNDS
         self.meta_path = self.folder / META
 
+    def _csv(self) -> CsvLog:
+        """results.csv: this version's columns, or a folder's from before the later ones."""
+        return CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS)
+
     # -- checks before anything is written ---------------------------------------------
     def check(self, matrix: dict) -> bool:
         """Raise UsageError unless the folder is absent, empty, or a run of this matrix.
 
         Returns True when it is an existing run to resume.
         """
-        return check_folder(self.folder, self.meta_path, CsvLog(self.csv_path, COLUMNS),
+        return check_folder(self.folder, self.meta_path, self._csv(),
                             runs={META}, key="matrix", value=matrix,
                             other="a run of a different matrix")
 
     # -- results -------------------------------------------------------------------------
     def done_ids(self) -> set[str]:
         """Case ids already in results.csv, after cutting off a partial last line."""
-        return {r["case_id"] for r in CsvLog(self.csv_path, COLUMNS).rows(cut=True)}
+        return {r["case_id"] for r in self._csv().rows(cut=True)}
 
     def open(self) -> None:
-        self._log = CsvLog(self.csv_path, COLUMNS)
+        self._log = self._csv()
         self._log.open()
 
     def append(self, row: dict) -> None:
@@ -61,7 +66,7 @@ class RunStore:
         """Rewrite results.csv with its rows in this order (unknown ids last): a run with
         rounds writes a case's row when its last round ends, after the cases that failed
         or were skipped in round 1. Written aside and renamed: never half a file."""
-        rows = CsvLog(self.csv_path, COLUMNS).rows(cut=True)
+        rows = CsvLog(self.csv_path, COLUMNS, LATER_RESULT_COLUMNS).rows(cut=True)
         rank = {cid: i for i, cid in enumerate(case_ids)}
         ordered = sorted(rows, key=lambda r: rank.get(r["case_id"], len(rank)))
         if ordered == rows:

@@ -88,11 +88,14 @@ def run_case(case: Case, part: str) -> dict:
                     memory.lift_address_space_cap()
         if case.input in DISTRIBUTIONS:
             q, k, v = make_inputs(case.input, case.batch, case.heads, case.seq_len,
-                                  case.head_dim, dtype=dtype, device=device, seed=case.seed)
+                                  case.head_dim, dtype=dtype, device=device, seed=case.seed,
+                                  kv_heads=case.kv_heads, value_heads=case.value_heads,
+                                  value_dim=case.value_dim)
         else:  # captured q, k, v, (layers x windows, H, N, D) from harness.models.capture's cache
             q, k, v = capture.load_inputs(case, dtype, device)
         # The inputs beyond q, k, v it declares (gates), from the case's seed, untimed.
-        inputs = module.draw_inputs(*q.shape, seed=case.seed, dtype=dtype, device=device)
+        inputs = module.draw_inputs(q.shape[0], case.shape.out_heads, q.shape[2], q.shape[3],
+                                    seed=case.seed, dtype=dtype, device=device)
         if device.type == "cpu":
             memory.cap_address_space(case.mem_limit_mib)
         try:
@@ -110,6 +113,14 @@ def run_case(case: Case, part: str) -> dict:
         return _result("error", describe(e), **common)
     except Exception as e:  # a variant's own failure is a result row, with its message
         return _result("error", describe(e), **common)
+
+
+def _plain(reference):
+    """A float64 reference on the shared heads repeated (grouped values: value head j
+    reads query-key head j // (Hv / Hk)), as the variant's own plain form takes them."""
+    def run(q, k, v, causal, **inputs):
+        return reference(*variants.expand_heads(q, k, v), causal, **inputs)
+    return run
 
 
 def _prepare(case: Case, module, q, k, v, device) -> float | None:
@@ -158,7 +169,7 @@ def _measure_time(case: Case, module, q, k, v, device, inputs: dict) -> dict:
     if not bool(torch.isfinite(o).all()):
         return _result("nonfinite", "forward output has NaN or Inf")
     # Against exact softmax attention, or (err_ref = recurrence) the variant's own float64 form.
-    own = None if module.err_ref == "softmax" else module.reference
+    own = None if module.contract.err_ref == "softmax" else _plain(module.reference)
     err = accuracy.error(o, q, k, v, case.causal, max_rows=case.err_rows, seed=case.seed,
                          reference=own, inputs=inputs,
                          layers=capture.layers_of(case))
@@ -178,8 +189,9 @@ def _measure_time(case: Case, module, q, k, v, device, inputs: dict) -> dict:
         return _result("nonfinite", "gradient of q, k, v (or an input) has NaN or Inf",
                        **errors)
     timed = _timed(case, fn, call_s, device)
-    if "compile_ms" in errors and module.prepare_calls:  # prepare ran the pass itself
-        errors["compile_ms"] = max(0.0, errors["compile_ms"] - module.prepare_calls * timed["time_ms"])
+    calls = module.contract.prepare_calls
+    if "compile_ms" in errors and calls:  # prepare ran the pass itself
+        errors["compile_ms"] = max(0.0, errors["compile_ms"] - calls * timed["time_ms"])
     return _result("ok", "", **timed, **errors)
 
 

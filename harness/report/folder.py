@@ -24,7 +24,12 @@ NUMERIC = ["batch", "heads", "head_dim", "seq_len", "time_ms", "time_ms_iqr", "r
            "peak_mem_mib", "rel_err", "max_abs_err", "flops", "gflops_per_s"]
 # One measured case; compare joins two runs on it.
 CASE_KEY = ["variant", "params", "device", "dtype", "batch", "heads", "head_dim", "seq_len",
-            "causal", "pass", "input"]
+            "causal", "pass", "input", "kv_heads", "value_heads", "value_dim"]
+# Heads and widths of their own (empty: the default, heads and head_dim): a row at another
+# grouping is labelled with it (`grouping_suffix`), so that it never shares a table row or a
+# plot line with the default; a run without such rows (every run before them) reads as
+# before.
+GROUPING = ("kv_heads", "value_heads", "value_dim")
 # What is held fixed along one line of a plot or one row group of a table.
 SETTING = ["device", "dtype", "batch", "heads", "head_dim", "pass", "input", "causal"]
 STATUSES = ("ok", "skipped", "oom", "timeout", "error", "nonfinite")
@@ -84,6 +89,13 @@ def setting_name(row) -> str:
             f"B{int(row['batch'])} H{int(row['heads'])} D{int(row['head_dim'])}")
 
 
+def grouping_suffix(row) -> str:
+    """` [kv_heads=1]`, ` [value_heads=16, value_dim=128]`: a row's grouping where it is not
+    the default; "" at the default."""
+    shown = [f"{c}={int(getattr(row, c))}" for c in GROUPING if pd.notna(getattr(row, c))]
+    return f" [{', '.join(shown)}]" if shown else ""
+
+
 def read_results(csv_path: Path) -> pd.DataFrame:
     """results.csv checked against the contract, with `label` and `setting` added."""
     try:
@@ -107,7 +119,7 @@ def read_results(csv_path: Path) -> pd.DataFrame:
             raise UsageError(f"{csv_path}: column {col} holds non-numbers")
     df["causal"] = df["causal"].map(_as_bool)
     # Optional columns: empty (unknown) in runs written before they existed.
-    for col in ("state_mib", "keys_per_query"):
+    for col in ("state_mib", "keys_per_query", *GROUPING):
         if col not in df.columns:
             df[col] = float("nan")
         if not pd.api.types.is_numeric_dtype(df[col]):
@@ -122,7 +134,8 @@ def read_results(csv_path: Path) -> pd.DataFrame:
         raise UsageError(f"{csv_path}: unknown status value(s): {', '.join(map(str, unknown))}")
     # A resumed run may hold a case twice; its last row is the one that counts.
     df = df.drop_duplicates(CASE_KEY, keep="last").reset_index(drop=True)
-    df["label"] = [variant_label(v, p) for v, p in zip(df["variant"], df["params"])]
+    df["label"] = [variant_label(v, p) + grouping_suffix(r)
+                   for v, p, r in zip(df["variant"], df["params"], df[list(GROUPING)].itertuples())]
     df["setting"] = [setting_name(r) for _, r in df[SETTING].iterrows()]
     return df
 

@@ -18,7 +18,7 @@ from harness.report import captured as RC
 from harness.report import generation
 from harness.report import tables as T
 from harness.report import trained as report_trained
-from harness.report.folder import SETTING, load_run, short_labels
+from harness.report.folder import GROUPING, SETTING, grouping_suffix, load_run, short_labels
 
 
 @dataclass
@@ -75,7 +75,8 @@ def read(run_dir) -> Run:
         results, meta = load_run(run_dir)  # the usual error when the folder holds none of them
         df = RC.captured_first(results)
         labels = short_labels(zip(df["variant"], df["params"]))  # only what varies, per variant
-        df["label"] = [labels[(v, p)] for v, p in zip(df["variant"], df["params"])]
+        df["label"] = [labels[(v, p)] + grouping_suffix(r) for v, p, r in
+                       zip(df["variant"], df["params"], df[list(GROUPING)].itertuples())]
         df, dec = generation.split(df)  # decode rows: the Generation section alone reads them
     else:
         df = dec = pd.DataFrame()

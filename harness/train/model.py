@@ -159,10 +159,10 @@ class Block(nn.Module):
         self.mixer = mixer
         self._checked = set()  # the call signatures `_mix` has checked
         self.inputs = nn.ModuleDict({s.name: InputLayer(s, d_model, heads)
-                                     for s in getattr(mixer, "inputs", ())})
+                                     for s in mixer.contract.inputs})
         # The variant's declared output layer (none for softmax: the papers' transformer
         # block has no norm after attention), unless the matrix asks for today's bare block.
-        kind = getattr(mixer, "output_layer", "") if output_layer == "paper" else ""
+        kind = mixer.contract.output_layer if output_layer == "paper" else ""
         self.output = OutputLayer(kind, d_model, heads) if kind else None
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
         self.mlp = None

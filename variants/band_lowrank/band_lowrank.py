@@ -48,7 +48,7 @@ import math
 
 import torch
 
-from ..core import DecodeState, Variant, compute_dtype, param, register, softmax_scale
+from ..core import Contract, DecodeState, Variant, compute_dtype, param, register, softmax_scale
 from ..linear import Performer, PerformerParams, lagged_kernel_flops, lagged_kernel_sum
 from ..low_rank import segment_means, segment_sizes
 from ..sliding_window import (MaskCache, band_drop_mask, band_mask, band_span, band_views,
@@ -92,6 +92,7 @@ class Scatterbrain(Variant):
     """Scatterbrain: exact scores in a band, Performer features for the rest, one denominator."""
     name = "scatterbrain"
     family = "band_lowrank"
+    contract = Contract(decoding=True, extend=True, weights=True)
     Params = ScatterbrainParams
     paper = "https://arxiv.org/abs/2110.15343"
 
@@ -277,6 +278,7 @@ class LongShort(Variant):
     """Learning-free Long-Short: one softmax over the band's keys and segment-mean summaries outside it."""
     name = "longshort"
     family = "band_lowrank"
+    contract = Contract(weights=True)
     Params = LongShortParams
     paper = "https://arxiv.org/abs/2107.02192"
 

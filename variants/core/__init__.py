@@ -1,6 +1,8 @@
 """The bottom of variants/: the interface, the registry and the float64 exact reference.
 
-`interface.Variant` is the pure q, k, v -> o map every variant subclasses; `registry` is the
+`interface.Variant` is the pure q, k, v -> o map every variant subclasses; `contract` the
+one declared record of what a variant can do (and the heads and widths it takes) that
+everything else reads; `registry` is the
 one list of variants (`register`, `build`, `names`, `spec`); `reference` is exact softmax
 attention in float64, in query chunks, that every error is measured against; `checks`
 (shapes, key masks, the 1/sqrt(D) scale) sits below both; `ops` holds the in-place numerics
@@ -12,7 +14,8 @@ own, an entry point), with where each came from. Imports: torch only; nothing fr
 families.
 """
 
-from .checks import KeyMask, check_qkv, softmax_scale
+from .checks import KeyMask, check_qkv, expand_heads, softmax_scale
+from .contract import Contract, ContractError, Grouping, Shape
 from .decoding import CacheDecoder, DecodeState, KVCache, RingKV
 from .inputs import InputSpec
 from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
@@ -23,10 +26,11 @@ from .reference import dense_mask, exact_reference, naive_attention, softmax_wei
 from .registry import (ParamSpec, VariantSpec, build, make_params, names, origin, register,
                        spec, stored_params)
 
-__all__ = ["CacheDecoder", "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec",
-           "RingKV", "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build",
-           "check_qkv", "compute_dtype", "dense_mask", "exact_reference", "exp_",
-           "load_entry_points", "load_module", "loaded_modules", "make_params", "ModuleError",
-           "naive_attention", "names", "origin", "param", "register", "softmax_",
-           "softmax_logsumexp", "softmax_lse_", "softmax_scale", "softmax_weights", "spec",
+__all__ = ["CacheDecoder", "Contract", "ContractError", "Grouping", "Shape", "expand_heads",
+           "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec", "RingKV",
+           "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build", "check_qkv",
+           "compute_dtype", "dense_mask", "exact_reference", "exp_", "load_entry_points",
+           "load_module", "loaded_modules", "make_params", "ModuleError", "naive_attention",
+           "names", "origin", "param", "register", "softmax_", "softmax_logsumexp",
+           "softmax_lse_", "softmax_scale", "softmax_weights", "spec",
            "stored_params"]

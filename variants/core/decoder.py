@@ -5,15 +5,18 @@ the context, then one token at a time (the states themselves: `decoding.py`).
     o, state = m.step(state, q, k, v)           # checked: the token and its inputs
     m.check_tokens(q, k, v); m.decode_step(...)  # T tokens checked once, then steps alone
 
-The host class gives `name`, `inputs`, `err_ref`, `supports_causal`,
-`unsupported_reasons` and `state_size` (interface.Variant does).
+The host class gives `name`, `contract`, `unsupported_reasons` and `state_size`
+(interface.Variant does). Grouped heads: the context's k (B, Hk, N, Dk) and v (B, Hv, N, Dv)
+as the contract's grouping allows; a variant whose grouping is `repeat` gets them repeated
+to one per output head (`q_heads`: the queries' head count, for grouped keys) before its
+`decode_prefill`, and each token's likewise before `decode_step`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .checks import check_qkv
+from .checks import check_qkv, expand_heads, input_sizes
 from .decoding import DecodeState, check_context, check_token
 from .inputs import check_inputs
 
@@ -26,30 +29,54 @@ class Decoder:
     def decode_reasons(self) -> list[str]:
         """Why this variant cannot generate token by token; empty when it can. A benchmark
         records a decode case it refuses as skipped with these reasons."""
-        if not self.supports_causal:
+        if not self.contract.supports_causal:
             return [f"{self.name} is non-causal only: it has no token-by-token form"]
-        if type(self).decode_prefill is Decoder.decode_prefill:
+        if not self.contract.decoding:
             return [f"{self.name} has no decoding form (no prefill and step)"]
-        if self.err_ref != "softmax" and type(self).reference_from is Decoder.reference_from:
-            return [f"{self.name} is measured against its own {self.err_ref}, and has no float64 "
-                    "reference from a state (reference_from) to check its generated tokens by"]
         return self.extra_decode_reasons()
 
     def extra_decode_reasons(self) -> list[str]:
         """Setting-specific reasons it cannot decode (features redrawn every call, ...)."""
         return []
 
-    def prefill(self, k: torch.Tensor, v: torch.Tensor, *, max_len: int, **inputs):
-        """The state after the context's (B, H, N, D) keys and values, preallocated for a
-        sequence of `max_len` tokens; the context's outputs are not computed."""
+    def prefill(self, k: torch.Tensor, v: torch.Tensor, *, max_len: int,
+                q_heads: int | None = None, **inputs):
+        """The state after the context's keys (B, Hk, N, Dk) and values (B, Hv, N, Dv),
+        preallocated for a sequence of `max_len` tokens; the context's outputs are not
+        computed. q_heads: the queries' head count (default: the keys'), which grouped
+        keys divide."""
         check_context(k, v, max_len)
+        g = self.contract.grouping
+        q_heads = q_heads or k.shape[1]
+        q_like = k.new_empty((k.shape[0], q_heads, 0, k.shape[-1]), device="meta")
+        check_qkv(q_like, k[:, :, :0].to("meta"), v[:, :, :0].to("meta"), g, self.name)
         reasons = self.decode_reasons() + self.unsupported_reasons(
             device=k.device, dtype=k.dtype, causal=True, seq_len=max_len, head_dim=k.shape[-1])
         if reasons:
             raise ValueError("; ".join(reasons))
-        if self.inputs or inputs:  # the context's own gates, (B, H, N) or (B, H, N, D)
-            check_inputs(self.name, self.inputs, k, inputs)
+        sizes = {"B": k.shape[0], "H": max(q_heads, v.shape[1]), "N": k.shape[-2],
+                 "D": k.shape[-1]}
+        if self.contract.inputs or inputs:  # the context's own gates, (B, H, N) or (B, H, N, D)
+            check_inputs(self.name, self.contract.inputs, k, inputs, sizes=sizes)
+        if g.how == "repeat":  # one key and value (or key) per output head
+            H = sizes["H"]
+            k, v = (t if t.shape[1] == H else t.repeat_interleave(H // t.shape[1], dim=1)
+                    for t in (k, v))
         return self.decode_prefill(k, v, max_len, **inputs)
+
+    def unchecked_step(self, state: DecodeState, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, **inputs) -> tuple[torch.Tensor, DecodeState]:
+        """`step` without its checks, for tokens `check_tokens` checked (a benchmark's timed
+        loop): the token's heads repeated where the grouping is `repeat`, then
+        `decode_step`."""
+        return self.decode_step(state, *self._expand_token(q, k, v), **inputs)
+
+    def _expand_token(self, q, k, v):
+        """q, k, v of a token (or T tokens) repeated to one per output head where the
+        grouping is `repeat`."""
+        if self.contract.grouping.how == "repeat":
+            return expand_heads(q, k, v)
+        return q, k, v
 
     def step(self, state: DecodeState, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              **inputs) -> tuple[torch.Tensor, DecodeState]:
@@ -58,9 +85,11 @@ class Decoder:
         Checks the token first; `check_tokens` then `decode_step` is the same without a
         check per token."""
         check_token(q, k, v)
-        if self.inputs or inputs:
-            check_inputs(self.name, self.inputs, q, inputs)
-        return self.decode_step(state, q, k, v, **inputs)
+        check_qkv(q, k, v, self.contract.grouping, self.name)
+        if self.contract.inputs or inputs:
+            check_inputs(self.name, self.contract.inputs, q, inputs,
+                         sizes=input_sizes(q, k, v))
+        return self.decode_step(state, *self._expand_token(q, k, v), **inputs)
 
     def check_tokens(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      **inputs) -> None:
@@ -69,23 +98,31 @@ class Decoder:
         what is wrong. A caller that checks its tokens here once may then call
         `decode_step` on each token's slices (a benchmark's timed loop: the step and
         nothing else)."""
-        check_qkv(q, k, v)
-        if self.inputs or inputs:
-            check_inputs(self.name, self.inputs, q, inputs)
+        check_qkv(q, k, v, self.contract.grouping, self.name)
+        if self.contract.inputs or inputs:
+            check_inputs(self.name, self.contract.inputs, q, inputs,
+                         sizes=input_sizes(q, k, v))
 
     def extend(self, state: DecodeState, k: torch.Tensor, v: torch.Tensor,
                **inputs) -> DecodeState:
         """More context, (B, H, n, D) keys and values after those the state holds, without
         outputs: a long context prefilled in pieces (`has_extend` says whether it can)."""
-        if k.dim() != 4 or k.shape != v.shape:
-            raise ValueError(f"extend takes k, v of one (B, H, n, D) shape, got "
+        if k.dim() != 4 or v.dim() != 4 or k.shape[0] != v.shape[0] or \
+                k.shape[2] != v.shape[2]:
+            raise ValueError(f"extend takes k, v of one (B, n) as (B, H, n, D), got "
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
-        if self.inputs or inputs:
-            check_inputs(self.name, self.inputs, k, inputs)
+        H = max(state.heads(), v.shape[1])
+        sizes = {"B": k.shape[0], "H": H, "N": k.shape[-2], "D": k.shape[-1]}
+        if self.contract.inputs or inputs:
+            check_inputs(self.name, self.contract.inputs, k, inputs, sizes=sizes)
+        if self.contract.grouping.how == "repeat":
+            k, v = (t if t.shape[1] == H else t.repeat_interleave(H // t.shape[1], dim=1)
+                    for t in (k, v))
         return self.decode_extend(state, k, v, **inputs)
 
     def has_extend(self) -> bool:
-        return type(self).decode_extend is not Decoder.decode_extend
+        """Whether it prefills a context in pieces (declared: `contract.extend`)."""
+        return self.contract.extend
 
     def decode_extend(self, state, k, v, **inputs) -> DecodeState:
         raise NotImplementedError(f"{self.name} prefills its context in one call only")
@@ -95,6 +132,19 @@ class Decoder:
         (`state_size`) unless the variant reads only part of it (a sparse decoder's
         chosen blocks)."""
         return self.state_size(N, D)
+
+    def decode_read_size_at(self, N: int, s) -> int | None:
+        """Elements a decoding step reads per batch element, all heads, at context N, for
+        a case of its own heads and widths (`contract.Shape`): the whole state
+        (`state_size_at`) unless the variant reads only part of it; a `repeat` grouping
+        reads one per output head."""
+        if not s.grouped and s.Dv == s.D:
+            per_head = self.decode_read_size(N, s.D)
+            return None if per_head is None else s.H * per_head
+        if self.contract.grouping.how == "repeat" and s.Dv == s.D:
+            per_head = self.decode_read_size(N, s.D)
+            return None if per_head is None else s.out_heads * per_head
+        return self.state_size_at(N, s)
 
     def decode_write_size(self, N: int, D: int, state: DecodeState) -> int | None:
         """Elements a decoding step writes per (batch, head) at context N: into a state

@@ -24,9 +24,9 @@ import torch
 
 def check_context(k: torch.Tensor, v: torch.Tensor, max_len: int) -> None:
     """Raise ValueError unless k, v are one (B, H, N, D) shape with N <= max_len."""
-    if k.dim() != 4 or k.shape != v.shape:
-        raise ValueError(f"prefill takes k, v of one (B, H, N, D) shape, got {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+    if k.dim() != 4 or v.dim() != 4 or k.shape[0] != v.shape[0] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"prefill takes k (B, Hk, N, Dk) and v (B, Hv, N, Dv) of one B and N, "
+                         f"got {tuple(k.shape)}, {tuple(v.shape)}")
     if k.dtype != v.dtype or k.device != v.device:
         raise ValueError("prefill takes k, v of one dtype and device")
     if not isinstance(max_len, int) or max_len < k.shape[-2]:
@@ -40,9 +40,6 @@ def check_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if t.dim() != 4 or t.shape[-2] != 1:
             raise ValueError(f"step takes one token, {label} of shape (B, H, 1, D), got "
                              f"{tuple(t.shape)}")
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"step: q, k, v must share one shape, got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype and q.device == k.device == v.device):
         raise ValueError("step: q, k, v must share a dtype and a device")
 
@@ -53,6 +50,10 @@ class DecodeState:
     of keys and values), not the whole state again (a recurrence's S <- f(S))."""
 
     appends = False
+
+    def heads(self) -> int:
+        """The head count it keeps (its first tensor's dim 1: (B, H, ...))."""
+        return self.tensors()[0].shape[1]
 
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)

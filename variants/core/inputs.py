@@ -63,8 +63,10 @@ class InputSpec:
         """`g (B, H, N) <= 0; drawn: ...`, as `list` prints it."""
         return f"{self.name} {self.shape_text} {self.range_text}; drawn: {self.drawn}"
 
-    def shape_for(self, q: torch.Tensor) -> tuple[int, ...]:
-        sizes = dict(zip(("B", "H", "N", "D"), q.shape))
+    def shape_for(self, q: torch.Tensor, sizes: dict | None = None) -> tuple[int, ...]:
+        """Its shape for a case: `sizes` (B, H, N, D; H the output's head count, D the
+        keys' width: `checks.input_sizes`), or q's own (B, H, N, D)."""
+        sizes = sizes or dict(zip(("B", "H", "N", "D"), q.shape))
         return tuple(sizes[d] for d in self.dims)
 
     def in_range(self, x: torch.Tensor) -> bool:
@@ -109,9 +111,10 @@ def _above(x: float, dtype: torch.dtype) -> float:
 
 
 def check_inputs(variant: str, specs: tuple[InputSpec, ...], q: torch.Tensor,
-                 inputs: dict) -> None:
+                 inputs: dict, sizes: dict | None = None) -> None:
     """Raise ValueError naming the input unless `inputs` holds exactly the declared ones,
-    each a tensor of its shape, on q's device, of q's dtype, within its range."""
+    each a tensor of its shape, on q's device, of q's dtype, within its range; `sizes`
+    gives the case's B, H, N, D where q's shape does not (grouped value heads)."""
     declared = {s.name: s for s in specs}
     unknown = sorted(set(inputs) - set(declared))
     if unknown:
@@ -127,7 +130,7 @@ def check_inputs(variant: str, specs: tuple[InputSpec, ...], q: torch.Tensor,
         where = f"{variant}: input {name!r}"
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{where} must be a tensor {s.shape_text}, got {type(x).__name__}")
-        want = s.shape_for(q)
+        want = s.shape_for(q, sizes)
         if tuple(x.shape) != want:
             raise ValueError(f"{where} must be {s.shape_text} = {want}, got {tuple(x.shape)}")
         if x.device != q.device or x.dtype != q.dtype:

@@ -1,4 +1,6 @@
-"""The variant interface: a pure q, k, v -> o attention map on (B, H, N, D) tensors.
+"""The variant interface: a pure q, k, v -> o attention map on (B, H, N, D) tensors
+(grouped heads and values of their own width where its contract declares them:
+`contract.py`, the one record of what it can do).
 
 A variant is a frozen parameter dataclass and a `Variant` subclass registered with
 `@register` (`registry.py`), in its family's folder. The base class checks shapes and
@@ -15,7 +17,8 @@ from typing import ClassVar
 
 import torch
 
-from .checks import KeyMask, check_qkv
+from .checks import KeyMask, check_qkv, expand_heads, input_sizes
+from .contract import Contract, Shape
 from .decoder import Decoder
 from .inputs import InputSpec, check_inputs, draw_inputs
 from .reference import softmax_weights
@@ -46,26 +49,11 @@ class Variant(Decoder, torch.nn.Module):
     name: ClassVar[str]
     family: ClassVar[str]
     Params: ClassVar[type] = NoParams
-    exact: ClassVar[bool] = False  # exact softmax attention over all keys
     paper: ClassVar[str] = ""
-    supports_causal: ClassVar[bool] = True
-    # Set by causal-only variants (a recurrence): the reason a non-causal case is refused.
-    causal_only: ClassVar[str | None] = None
-    # Inputs beyond q, k, v (`inputs.py`): forward(q, k, v, causal, **inputs) takes them.
-    inputs: ClassVar[tuple[InputSpec, ...]] = ()
-    # What its error is measured against: exact softmax (`softmax`), or its own float64
-    # form (`recurrence`: `reference` gives it), for variants that approximate no softmax.
-    err_ref: ClassVar[str] = "softmax"
-    supports_backward: ClassVar[bool] = True
-    # Runs a torch.compile'd kernel: each new dtype, pattern, causal flag (and the first
-    # length) compiles for seconds, in `prepare`. Tests give such variants few shapes.
-    compiles: ClassVar[bool] = False
-    # Calls of the measured pass that `prepare` makes (a compile runs the kernel once):
-    # the harness subtracts that many steady-state calls from `compile_ms`.
-    prepare_calls: ClassVar[int] = 0
-    # A reference ceiling rather than a method (the top-k oracle: its selection costs
-    # O(N^2)): measured as a bound for the others, never offered as an answer.
-    reference_ceiling: ClassVar[bool] = False
+    # What it can do, declared once (`contract.py`): exactness, causal modes, backward,
+    # decoding, inputs beyond q, k, v, compiled, reference ceiling, head groupings, ...
+    # The registry checks it against the class; everything else reads only this record.
+    contract: ClassVar[Contract] = Contract()
 
     def __init__(self, params=None):
         super().__init__()
@@ -77,20 +65,18 @@ class Variant(Decoder, torch.nn.Module):
                             backward: bool = False) -> list[str]:
         """Why this variant cannot run a case; empty when it can. Called before running."""
         reasons = []
-        if not causal and self.causal_only:
-            reasons.append(self.causal_only)
-        if causal and not self.supports_causal:
-            reasons.append(f"{self.name} is non-causal only ({self.non_causal_why()})")
-        if backward and not self.supports_backward:
+        c = self.contract
+        if not causal and c.causal == "causal_only":
+            reasons.append(c.refused_why)
+        if causal and c.causal == "non_causal_only":
+            reasons.append(f"{self.name} is non-causal only ({c.refused_why})")
+        if backward and not c.backward:
             reasons.append(f"{self.name} has no backward pass")
         if not dtype.is_floating_point:
             reasons.append(f"{self.name} needs a floating-point dtype, got {dtype}")
         reasons += self.extra_reasons(torch.device(device), dtype, causal, seq_len, head_dim,
                                       backward)
         return reasons
-
-    def non_causal_why(self) -> str:
-        return "its computation mixes future positions into every output"
 
     def extra_reasons(self, device: torch.device, dtype: torch.dtype, causal: bool,
                       seq_len: int, head_dim: int, backward: bool) -> list[str]:
@@ -110,14 +96,15 @@ class Variant(Decoder, torch.nn.Module):
                    **inputs: torch.Tensor) -> None:
         """Every check `forward` makes before any work (shapes, the declared capabilities,
         the declared inputs' shapes and ranges): ValueError with the reasons."""
-        check_qkv(q, k, v)
+        check_qkv(q, k, v, self.contract.grouping, self.name)
         reasons = self.unsupported_reasons(device=q.device, dtype=q.dtype, causal=causal,
                                            seq_len=q.shape[-2], head_dim=q.shape[-1],
                                            backward=backward)
         if reasons:
             raise ValueError("; ".join(reasons))
-        if self.inputs or inputs:
-            check_inputs(self.name, self.inputs, q, inputs)
+        if self.contract.inputs or inputs:
+            check_inputs(self.name, self.contract.inputs, q, inputs,
+                         sizes=input_sizes(q, k, v, self.contract.grouping))
 
     def unchecked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   causal: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
@@ -125,7 +112,9 @@ class Variant(Decoder, torch.nn.Module):
         `check_call` on these very tensors once (a benchmark's timed region, which holds
         the call and nothing else: a range check of the gates costs reductions and, on
         CUDA, a host sync per input)."""
-        if self.inputs or inputs:
+        if self.contract.grouping.how == "repeat":  # one k, v (or q, k) per output head
+            q, k, v = expand_heads(q, k, v, self.contract.grouping)
+        if self.contract.inputs or inputs:
             return self.attend(q, k, v, causal, **inputs)
         return self.attend(q, k, v, causal)
 
@@ -153,7 +142,7 @@ class Variant(Decoder, torch.nn.Module):
         or segment per token), so that the report never offers it as an approximation.
         The default: the class's `exact`.
         """
-        return self.exact
+        return self.contract.exact
 
     def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                   **inputs: torch.Tensor) -> torch.Tensor:
@@ -177,8 +166,8 @@ class Variant(Decoder, torch.nn.Module):
                                        seq_len=q.shape[-2], head_dim=q.shape[-1])
         if reasons:
             raise ValueError("; ".join(reasons))
-        if self.inputs or inputs:
-            check_inputs(self.name, self.inputs, q, inputs)
+        if self.contract.inputs or inputs:
+            check_inputs(self.name, self.contract.inputs, q, inputs)
             return self.attention_weights(q, k, causal, **inputs)
         return self.attention_weights(q, k, causal)
 
@@ -189,7 +178,7 @@ class Variant(Decoder, torch.nn.Module):
         papers' layers at initialisation); {} for a variant that declares none.
         fixed_seed: the layers' per-case parameters (a decay rate per head) from that
         seed instead (`inputs.draw_inputs`), for a sequence drawn in pieces."""
-        return draw_inputs(self.inputs, B, H, N, D, seed=seed, dtype=dtype, device=device,
+        return draw_inputs(self.contract.inputs, B, H, N, D, seed=seed, dtype=dtype, device=device,
                            fixed_seed=fixed_seed)
 
     def weights_reasons(self, *, device: torch.device | str, dtype: torch.dtype, causal: bool,
@@ -200,7 +189,7 @@ class Variant(Decoder, torch.nn.Module):
         if seq_len > WEIGHTS_MAX_N:
             reasons.append(f"{self.name}.weights returns an N x N map per head: refused above "
                            f"N = {WEIGHTS_MAX_N}, got N = {seq_len}")
-        if not self.has_weights():
+        if not self.contract.says_weights:
             reasons.append(f"{self.name} does not say what attention weights it implies "
                            "(no attention_weights method)")
         return reasons + self.extra_weights_reasons()
@@ -208,13 +197,6 @@ class Variant(Decoder, torch.nn.Module):
     def extra_weights_reasons(self) -> list[str]:
         """Variant-specific reasons `weights` cannot give a map; override where needed."""
         return []
-
-    def has_weights(self) -> bool:
-        """Whether this variant can say what weights it implies: it has its own
-        `attention_weights`, or it is exact or exact on a key pattern (softmax over it)."""
-        cls = type(self)
-        return (cls.attention_weights is not Variant.attention_weights or cls.exact
-                or cls.key_mask is not Variant.key_mask)
 
     def attention_weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
         """(B, H, N, N) weights, called by `weights` after its checks. This default serves
@@ -225,6 +207,28 @@ class Variant(Decoder, torch.nn.Module):
     def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:
         """Analytic forward FLOPs (2 per multiply-add, matmuls only)."""
         raise NotImplementedError
+
+    def flops_at(self, s: Shape, causal: bool = False) -> int:
+        """Forward FLOPs of a case of its own heads and widths (`Shape`). The default:
+        `flops` at the output's heads (grouped heads share keys or values, not work: each
+        output head still reads its N keys), scaled by (Dk + Dv) / 2 Dk where the values
+        have their own width (attention's two matmuls, one over each width). A variant
+        whose work is otherwise says its own."""
+        f = self.flops(s.B, s.out_heads, s.N, s.D, causal)
+        return f if s.Dv == s.D else round(f * (s.D + s.Dv) / (2 * s.D))
+
+    def state_size_at(self, N: int, s: Shape) -> int | None:
+        """Numbers a causal decoder keeps per batch element, all heads, for a case of its
+        own heads and widths after N tokens. The default: a `repeat` grouping keeps one
+        state per output head (the repeat counted); a variant that decodes grouped heads
+        natively, or values of their own width, says its own."""
+        per_head = self.state_size(N, s.D)
+        if per_head is None:
+            return None
+        if s.Dv != s.D or (s.grouped and self.contract.grouping.how == "native"):
+            raise NotImplementedError(f"{self.name} decodes grouped heads or widths natively "
+                                      "but has no state_size_at")
+        return s.out_heads * per_head
 
     def state_size(self, N: int, D: int) -> int | None:
         """Numbers a causal decoder keeps per (batch, head) to produce the output after N
@@ -238,7 +242,7 @@ class Variant(Decoder, torch.nn.Module):
         sparse patterns comparable): N for exact attention, (N + 1) / 2 causal; a window,
         a block layout, top-k blocks or keys say theirs. None where attention is not over
         a subset of the keys (low-rank, kernel and recurrent variants)."""
-        if self.exact:
+        if self.contract.exact:
             return float(N if not causal else (N + 1) / 2)
         return None
 

@@ -9,7 +9,20 @@ from __future__ import annotations
 
 import torch
 
-from .checks import KeyMask, check_qkv, softmax_scale
+from .checks import KeyMask, check_qkv, expand_heads, softmax_scale
+from .contract import Grouping
+
+_GROUPINGS = (Grouping("kv", "repeat", value_dim=True), Grouping("value", "repeat", value_dim=True))
+
+
+def grouped_as_plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q, k, v checked (grouped keys or grouped values, values of any width) and their
+    shared heads repeated to one per output head: the references' plain form."""
+    try:
+        check_qkv(q, k, v, _GROUPINGS[0])
+    except ValueError:
+        check_qkv(q, k, v, _GROUPINGS[1])
+    return expand_heads(q, k, v)
 
 # Budget for one chunk's float64 score block, in bytes.
 _CHUNK_BYTES = 64 * 2**20
@@ -18,7 +31,11 @@ _CHUNK_BYTES = 64 * 2**20
 def exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     *, key_mask: KeyMask | None = None, rows: torch.Tensor | None = None,
                     chunk: int | None = None) -> torch.Tensor:
-    """Exact attention in float64 for (B, H, N, D) q, k, v; returns (B, H, R, D) float64.
+    """Exact attention in float64 for (B, H, N, D) q, k, v; returns (B, H, R, Dv) float64.
+
+    Grouped heads: q (B, Hq, N, D), k (B, Hk, N, D), v (B, Hv, N, Dv) with Hk = Hv dividing
+    Hq (query head h reads key-value head h // (Hq / Hk)), or Hq = Hk dividing Hv (value
+    head j reads query-key head j // (Hv / Hk)); the shared heads are repeated first.
 
     causal: query i sees keys j <= i. key_mask: an extra pattern (i, j) -> allowed.
     rows: optional query indices (R of them) to compute; all N rows when None.
@@ -26,15 +43,16 @@ def exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     arithmetic is in place): for a float64 autograd reference use `naive_attention` on
     float64 inputs.
     """
-    check_qkv(q, k, v)
+    q, k, v = grouped_as_plain(q, k, v)
     B, H, N, D = q.shape
+    Dv = v.shape[-1]
     rows = torch.arange(N, device=q.device) if rows is None else rows.to(q.device)
     if chunk is None:
         chunk = max(1, min(len(rows), _CHUNK_BYTES // (8 * B * H * max(N, 1))))
     k64, v64 = k.double(), v.double()
     keys = torch.arange(N, device=q.device)
     scale = softmax_scale(D)
-    out = torch.empty(B, H, len(rows), D, dtype=torch.float64, device=q.device)
+    out = torch.empty(B, H, len(rows), Dv, dtype=torch.float64, device=q.device)
     for s in range(0, len(rows), chunk):
         r = rows[s:s + chunk]
         # In place from here on: one (B, H, c, N) block alive per chunk.

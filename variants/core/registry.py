@@ -6,6 +6,8 @@ import contextlib
 import dataclasses
 import typing
 
+from .contract import Contract, ContractError
+from .decoder import Decoder
 from .interface import Variant
 
 _REGISTRY: dict[str, type[Variant]] = {}
@@ -32,29 +34,73 @@ class ParamSpec:
 
 @dataclasses.dataclass(frozen=True)
 class VariantSpec:
-    """What `variants.spec(name)` tells about a variant."""
+    """What `variants.spec(name)` tells about a variant: its name, family, paper, summary,
+    parameters and origin, and its declared `contract` (`contract.py`); the other fields
+    read the contract."""
     name: str
     family: str
-    exact: bool
     paper: str
     summary: str
     params: tuple[ParamSpec, ...]
-    supports_causal: bool
-    supports_backward: bool
-    pattern_exact: bool  # exact softmax restricted to a key pattern (sparse, window)
-    causal_only: bool = False  # refuses causal=False (a recurrence)
-    inputs: tuple = ()  # InputSpecs of the inputs beyond q, k, v it takes
-    err_ref: str = "softmax"  # its error's reference: exact softmax, or its own recurrence
-    reference_ceiling: bool = False  # a bound for others (the top-k oracle), never an answer
+    contract: Contract
     origin: str = ""  # where it was registered from (`origin`)
 
     @property
     def defaults(self) -> dict:
         return {p.name: p.default for p in self.params}
 
+    exact = property(lambda self: self.contract.exact)
+    pattern_exact = property(lambda self: self.contract.pattern_exact)
+    supports_causal = property(lambda self: self.contract.supports_causal)
+    causal_only = property(lambda self: self.contract.causal_only)
+    supports_backward = property(lambda self: self.contract.backward)
+    inputs = property(lambda self: self.contract.inputs)
+    err_ref = property(lambda self: self.contract.err_ref)
+    reference_ceiling = property(lambda self: self.contract.reference_ceiling)
+    grouping = property(lambda self: self.contract.grouping)
+    output_layer = property(lambda self: self.contract.output_layer)
+
+
+# Class-level flags of the interface before `contract`: a class that still sets one
+# is refused (it would be read by nobody).
+LEGACY_FLAGS = ("exact", "supports_causal", "causal_only", "supports_backward", "compiles",
+                "prepare_calls", "reference_ceiling", "err_ref", "inputs", "per_head_schedule",
+                "output_layer", "non_causal_why", "floor")
+
+
+def declaration_faults(cls: type[Variant]) -> list[str]:
+    """What a class declares in its contract and cannot honour (or declares outside it):
+    one line each; empty when the declaration holds. Registration refuses the first."""
+    c = cls.contract
+    who = cls.__qualname__
+    if not isinstance(c, Contract):
+        return [f"{who}.contract must be a Contract, got {type(c).__name__}"]
+    faults = []
+    for k in LEGACY_FLAGS:
+        owner = next((b for b in cls.__mro__ if k in vars(b)), None)
+        if owner is not None and owner not in (Variant, Decoder):
+            faults.append(f"{who} sets {k!r} in class {owner.__qualname__}: declare it in its "
+                          "contract (variants/core/contract.py)")
+    own = lambda m: getattr(cls, m) is not getattr(Variant, m)  # noqa: E731
+    if c.exactness == "pattern" and not own("key_mask"):
+        faults.append(f"{who} declares exactness 'pattern' but has no key_mask to say the pattern")
+    if c.exactness == "own" and not own("reference"):
+        faults.append(f"{who} declares exactness 'own' but has no float64 reference method")
+    if c.decoding and not (own("decode_prefill") and own("decode_step")):
+        faults.append(f"{who} declares decoding but has no decode_prefill and decode_step")
+    if c.decoding and c.exactness == "own" and not own("reference_from"):
+        faults.append(f"{who} declares decoding, measured against its own form, but has no "
+                      "reference_from to check its generated tokens by")
+    if c.extend and not own("decode_extend"):
+        faults.append(f"{who} declares extend but has no decode_extend")
+    if c.weights and not own("attention_weights"):
+        faults.append(f"{who} declares weights but has no attention_weights")
+    return faults
+
 
 def register(cls: type[Variant]) -> type[Variant]:
-    """Class decorator adding a variant to the registry; refuses duplicate names."""
+    """Class decorator adding a variant to the registry; refuses duplicate names and a
+    contract the class cannot honour (`declaration_faults`), with one line."""
     for attr in ("name", "family"):
         if not isinstance(getattr(cls, attr, None), str):
             raise TypeError(f"{cls.__qualname__} must set a string class attribute {attr!r}")
@@ -63,6 +109,9 @@ def register(cls: type[Variant]) -> type[Variant]:
                             f"by {_REGISTRY[cls.name].__module__} ({_ORIGIN[cls.name]})")
     if not (dataclasses.is_dataclass(cls.Params) and cls.Params.__dataclass_params__.frozen):
         raise TypeError(f"{cls.__qualname__}.Params must be a frozen dataclass")
+    faults = declaration_faults(cls)
+    if faults:
+        raise ContractError(f"variant {cls.name!r}: {faults[0]}")
     _REGISTRY[cls.name] = cls
     _ORIGIN[cls.name] = _LOADING[-1][0] if _LOADING else _default_origin(cls)
     if _LOADING:
@@ -111,7 +160,7 @@ def names(private: bool = False) -> list[str]:
     `spec` take them.
     """
     return [n for n in _REGISTRY if private or not (
-        n.startswith("_") or getattr(_REGISTRY[n], "floor", False))]
+        n.startswith("_") or _REGISTRY[n].contract.floor)]
 
 
 def _cls(name: str) -> type[Variant]:
@@ -132,14 +181,11 @@ def _param_specs(cls: type[Variant]) -> tuple[ParamSpec, ...]:
 
 
 def spec(name: str) -> VariantSpec:
-    """Family, parameters with defaults, exactness and paper of a registered variant."""
+    """Family, parameters with defaults, paper and declared contract of a registered variant."""
     cls = _cls(name)
     doc = (cls.__doc__ or "").strip().splitlines()
-    pattern_exact = cls.key_mask is not Variant.key_mask
-    return VariantSpec(cls.name, cls.family, cls.exact, cls.paper, doc[0] if doc else "",
-                       _param_specs(cls), cls.supports_causal, cls.supports_backward,
-                       pattern_exact, cls.causal_only is not None, tuple(cls.inputs),
-                       cls.err_ref, cls.reference_ceiling, _ORIGIN[name])
+    return VariantSpec(cls.name, cls.family, cls.paper, doc[0] if doc else "",
+                       _param_specs(cls), cls.contract, _ORIGIN[name])
 
 
 def _check_value(variant: str, p: ParamSpec, value):

@@ -62,12 +62,14 @@ class ExactCache(DecodeState):
     def __post_init__(self):
         B, H, L, _ = self.k.shape
         self.transposed = self.k.dtype in _OWN_DTYPE
+        # B H L numbers, grown to B Hq L on the first step of grouped queries.
         self.scores = self.k.new_empty(B * H * L if self.transposed else 0)
 
     @classmethod
     def prefill(cls, k: torch.Tensor, v: torch.Tensor, max_len: int) -> "ExactCache":
         B, H, N, D = k.shape
-        shape = (B, H, D, max_len) if k.dtype in _OWN_DTYPE else (B, H, max_len, D)
+        Dv = v.shape[-1]
+        shape = (B, H, Dv, max_len) if k.dtype in _OWN_DTYPE else (B, H, max_len, Dv)
         state = cls(k.new_empty(B, H, max_len, D), v.new_empty(shape), 0)
         state.extend(k, v)
         return state
@@ -100,27 +102,34 @@ class ExactCache(DecodeState):
         self.n = mark  # later tokens are overwritten by the next writes
 
     def attend(self, q: torch.Tensor) -> torch.Tensor:
-        """The row of one query q (B, H, 1, D) over the n cached tokens: (B, H, 1, D)."""
+        """The row of one query q (B, Hq, 1, D) over the n cached tokens of the Hk heads it
+        holds (query head h reads head h // (Hq / Hk): grouped keys, never repeated):
+        (B, Hq, 1, Dv)."""
         if not self.transposed:
-            return F.scaled_dot_product_attention(q, self.keys(), self.values())
-        B, H, _, D = q.shape
-        n = self.n
+            return F.scaled_dot_product_attention(q, self.keys(), self.values(),
+                                                  enable_gqa=q.shape[1] != self.k.shape[1])
+        B, Hq, _, D = q.shape
+        H, Dv, n = self.k.shape[1], self.v.shape[-2], self.n
+        g = Hq // H  # query rows a cached head serves
+        if self.scores.numel() < B * Hq * self.k.shape[-2]:
+            self.scores = q.new_empty(B * Hq * self.k.shape[-2])
         K = self.k[:, :, :n].reshape(B * H, n, D)  # a view: B and H merge
-        Vt = self.v[:, :, :, :n].reshape(B * H, D, n)
-        s = self.scores[:B * H * n].view(B * H, 1, n)  # contiguous, written in place
-        torch.baddbmm(s, q.reshape(B * H, 1, D), K.transpose(1, 2), beta=0,
+        Vt = self.v[:, :, :, :n].reshape(B * H, Dv, n)
+        s = self.scores[:B * Hq * n].view(B * H, g, n)  # contiguous, written in place
+        torch.baddbmm(s, q.reshape(B * H, g, D), K.transpose(1, 2), beta=0,
                       alpha=softmax_scale(D), out=s)  # q K^T / sqrt(D), one call
         softmax_(s)  # aten's fused kernel: one parallel region, its sum in SIMD lanes
-        if n * D < _RENORM_FROM:  # a short row: few calls matter more than the lanes' drift
-            return torch.bmm(Vt, s.transpose(1, 2)).view(B, H, 1, D)  # (B H, D, 1)
+        if n * Dv < _RENORM_FROM:  # a short row: few calls matter more than the lanes' drift
+            o = torch.bmm(Vt, s.transpose(1, 2))  # (B H, Dv, g)
+            return o.transpose(1, 2).reshape(B, Hq, 1, Dv)
         # The lanes' sums drift over a long sharp row (at 256K keys, 3-4x SDPA's error
         # against float64); torch.sum's cascade sum of the weights gives the row's sum
         # again, and the output is divided by it (one more read of the weights).
-        den = s.sum(dim=-1)  # (B H, 1), 1 to rounding
-        if n * D < _MV_FROM:
-            o = torch.bmm(Vt, s.transpose(1, 2)).view(B * H, D)
+        den = s.sum(dim=-1)  # (B H, g), 1 to rounding
+        if n * Dv < _MV_FROM or g > 1:
+            o = torch.bmm(Vt, s.transpose(1, 2)).transpose(1, 2)  # (B H, g, Dv)
         else:
-            o = q.new_empty(B * H, D)
+            o = q.new_empty(B * H, 1, Dv)
             for i in range(B * H):  # one matrix-vector product a head: BLAS's gemv
-                torch.mv(Vt[i], s[i, 0], out=o[i])
-        return o.div_(den).view(B, H, 1, D)
+                torch.mv(Vt[i], s[i, 0], out=o[i, 0])
+        return o.div_(den[..., None]).reshape(B, Hq, 1, Dv)

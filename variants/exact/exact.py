@@ -12,13 +12,16 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..core import CacheDecoder, Variant, naive_attention, register
+from ..core import (CacheDecoder, Contract, Grouping, Variant, naive_attention, register,
+                    softmax_scale)
 from .cache import ExactCache
 
 
 class _Exact(CacheDecoder, Variant):
     family = "exact"
-    exact = True
+    # Query head h reads key-value head h // (Hq / Hk) of the one cache: SDPA's enable_gqa.
+    contract = Contract(exactness="exact", decoding=True, extend=True,
+                        grouping=Grouping("kv", "native", value_dim=True))
     paper = "https://arxiv.org/abs/1706.03762"
 
     def flops(self, B, H, N, D, causal=False):
@@ -26,8 +29,18 @@ class _Exact(CacheDecoder, Variant):
         full = 4 * B * H * N * N * D
         return full // 2 if causal else full
 
+    def flops_at(self, s, causal=False):
+        # Each query head: q k^T over Dk, p v over Dv; grouping shares keys, not work.
+        full = 2 * s.B * s.H * s.N * s.N * (s.D + s.Dv)
+        return full // 2 if causal else full
+
     def state_size(self, N, D):
         return 2 * N * D  # the key-value cache
+
+    def state_size_at(self, N, s):
+        if self.contract.grouping.how == "repeat":
+            return super().state_size_at(N, s)
+        return s.Hk * N * (s.D + s.Dv)  # one cache per key-value head
 
     def decode_prefill(self, k, v, max_len):
         return ExactCache.prefill(k, v, max_len)  # preallocated, written in place per token
@@ -50,7 +63,18 @@ class Standard(_Exact):
         return (4 if backward else 2) * nxn
 
     def attend(self, q, k, v, causal):
-        return naive_attention(q, k, v, causal)
+        B, Hq, N, D = q.shape
+        Hk = k.shape[1]
+        if Hk == Hq:
+            return naive_attention(q, k, v, causal)
+        # Grouped keys: the g = Hq / Hk query heads of key-value head kv as one (g N)-row
+        # block against its keys (row r is the query at position r % N), never repeated.
+        qg = q.reshape(B, Hk, Hq // Hk * N, D)
+        s = (qg * softmax_scale(D)) @ k.transpose(-1, -2)  # (B, Hk, g N, N)
+        if causal:
+            pos = torch.arange(qg.shape[-2], device=q.device) % N
+            s.masked_fill_(torch.arange(N, device=q.device) > pos[:, None], float("-inf"))
+        return (torch.softmax(s, dim=-1) @ v).reshape(B, Hq, N, v.shape[-1])
 
 
 @register
@@ -58,9 +82,14 @@ class SDPA(_Exact):
     """Exact attention by torch.nn.functional.scaled_dot_product_attention (fused kernels)."""
     name = "sdpa"
     paper = "https://arxiv.org/abs/2205.14135"
+    # Values of their own width: its CPU kernels take Dv != Dk only on the math path,
+    # which repeats grouped keys and values (the kit's groupings property caught it).
+    contract = _Exact.contract.but(grouping=Grouping("kv", "native"))
 
     def attend(self, q, k, v, causal):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        # enable_gqa: query head h reads key-value head h // (Hq / Hk), never repeated.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                              enable_gqa=k.shape[1] != q.shape[1])
 
 
 def xformers_reasons(device: torch.device, dtype: torch.dtype) -> list[str]:
@@ -109,6 +138,7 @@ class XFormers(_Exact):
     """Exact attention by xformers.ops.memory_efficient_attention (CUDA only)."""
     name = "xformers"
     paper = "https://arxiv.org/abs/2112.05682"
+    contract = _Exact.contract.but(grouping=Grouping("kv", "repeat"))
 
     def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
         return xformers_reasons(device, dtype)

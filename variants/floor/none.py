@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import Variant, register
+from ..core import Contract, Variant, register
 
 
 @register
@@ -20,8 +20,8 @@ class NoMixer(Variant):
     """o = 0: the block without its mixer (the trained comparisons' floor)."""
     name = "none"
     family = "none"
-    err_ref = "recurrence"  # compared with its own reference, zero
-    floor = True  # left out of "all" (registry.names)
+    # compared with its own reference (zero); a floor: left out of "all" (registry.names)
+    contract = Contract(exactness="own", floor=True)
 
     def attend(self, q, k, v, causal):
         return torch.zeros_like(v)

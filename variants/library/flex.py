@@ -42,7 +42,7 @@ import shutil
 
 import torch
 
-from ..core import Variant, register
+from ..core import Contract, Variant, register
 from ..sliding_window import SameBand, in_band
 from ..sparse import SameLayout
 
@@ -136,8 +136,8 @@ def kernel_options(block: int, device: torch.device) -> dict | None:
 
 class _Flex(Variant):
     paper = PAPER
-    compiles = True
-    prepare_calls = 1  # prepare compiles by running the case's pass once
+    # Compiles in prepare, by running the case's pass once.
+    contract = Contract(exactness="pattern", compiled=True, prepare_calls=1)
 
     def __init__(self, params=None):
         super().__init__(params)
@@ -235,6 +235,7 @@ class _Flex(Variant):
 class SlidingWindowFlex(SameBand, _Flex):
     """Sliding-window attention |i - j| <= window by compiled FlexAttention (BlockMask)."""
     name = "sliding_window_flex"
+    contract = _Flex.contract
 
     def _allows(self, N, device):
         # A tensor, not an int: dynamo would specialise the kernel on the int's value.
@@ -258,6 +259,7 @@ class SlidingWindowFlex(SameBand, _Flex):
 class BlockSparseFlex(SameLayout, _Flex):
     """BigBird block-sparse attention (block_sparse's layout) by compiled FlexAttention."""
     name = "block_sparse_flex"
+    contract = _Flex.contract
 
     def _allows(self, N, device):
         # BlockMask blocks are the layout's blocks (same block size), so inside a touched

@@ -45,8 +45,8 @@ import math
 
 import torch
 
-from ..core import (DecodeState, Variant, compute_dtype, exp_, param, register, softmax_,
-                    softmax_logsumexp, softmax_lse_)
+from ..core import (Contract, DecodeState, Variant, compute_dtype, exp_, param, register,
+                    softmax_, softmax_logsumexp, softmax_lse_)
 from .causal import causal_kernel_attention, core_flops
 from .noncausal import (FeatureMap, block_rows, kernel_attention, kernel_weights,
                           sequence_features)
@@ -224,7 +224,8 @@ class Linear(_KernelDecoding, Variant):
     """elu(x)+1 feature-map linear attention, O(N D^2); causal by chunked prefix sums."""
     name = "linear"
     family = "linear"
-    output_layer = "rms"  # fla's LinearAttention (docs/training.md)
+    # fla's LinearAttention's output layer (docs/training.md).
+    contract = Contract(decoding=True, extend=True, weights=True, output_layer="rms")
     Params = LinearParams
     paper = "https://arxiv.org/abs/2006.16236"
 
@@ -292,7 +293,8 @@ class Performer(_KernelDecoding, Variant):
     """FAVOR+ positive (orthogonal) random features for the softmax kernel; causal by chunked prefix sums."""
     name = "performer"
     family = "linear"
-    output_layer = "rms"  # fla's LinearAttention (docs/training.md)
+    # fla's LinearAttention's output layer (docs/training.md).
+    contract = Contract(decoding=True, extend=True, weights=True, output_layer="rms")
     Params = PerformerParams
     paper = "https://arxiv.org/abs/2009.14794"
 

@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from ..core import Variant, Workspace, param, register, softmax_, softmax_scale
+from ..core import Contract, Variant, Workspace, param, register, softmax_, softmax_scale
 
 
 def segment_sizes(N: int, m: int) -> list[int]:
@@ -202,16 +202,15 @@ class Linformer(Variant):
     family = "low_rank"
     Params = LinformerParams
     paper = "https://arxiv.org/abs/2006.04768"
-    supports_causal = False
+    contract = Contract(weights=True, causal="non_causal_only", refused_why=(
+        "every projected key and value mixes positions across the whole sequence, future "
+        "ones included"))
 
     def __init__(self, params=None):
         super().__init__(params)
         # (N, device, dtype) -> (E, F) for gaussian, or the (k,) score offsets for mean_pool.
         self._cache: dict[tuple, object] = {}
 
-    def non_causal_why(self) -> str:
-        return ("every projected key and value mixes positions across the whole sequence, "
-                "future ones included")
 
     def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
         k = self.params.k

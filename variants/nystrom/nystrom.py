@@ -29,7 +29,7 @@ import dataclasses
 
 import torch
 
-from ..core import Variant, param, register, softmax_scale
+from ..core import Contract, Variant, param, register, softmax_scale
 from ..low_rank import segment_means, softmax_attention
 
 
@@ -72,10 +72,9 @@ class Nystrom(Variant):
     family = "nystrom"
     Params = NystromParams
     paper = "https://arxiv.org/abs/2102.03902"
-    supports_causal = False
-
-    def non_causal_why(self) -> str:
-        return "its landmarks average queries and keys across the whole sequence, future ones included"
+    contract = Contract(weights=True, causal="non_causal_only", refused_why=(
+        "its landmarks average queries and keys across the whole sequence, future ones "
+        "included"))
 
     def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
         m = self.params.num_landmarks

@@ -13,7 +13,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..core import Variant, compute_dtype, param, register
+from ..core import Contract, Grouping, Variant, compute_dtype, param, register
 from .chunked import (block_rows, chunk_channel_gate, chunk_delta, chunk_delta_channel,
                       chunk_length, chunk_scalar_gate, stream)
 from .decoding import RecurrentDecoding
@@ -56,9 +56,9 @@ class BetaMax:
     def __init__(self, params=None):
         super().__init__(params)
         beta_max = getattr(self.params, "beta_max", 1.0)  # a subclass of other Params
-        if beta_max != 1.0:
-            self.inputs = tuple(beta_spec(beta_max) if s.name == "beta" else s
-                                for s in type(self).inputs)
+        if beta_max != 1.0:  # this instance's contract: its declared inputs follow it
+            self.contract = self.contract.but(inputs=tuple(
+                beta_spec(beta_max) if s.name == "beta" else s for s in self.contract.inputs))
 
 
 class Recurrent(RecurrentDecoding, Variant):
@@ -67,12 +67,15 @@ class Recurrent(RecurrentDecoding, Variant):
     the recurrence takes them), `_chunked` and `_whole` (the one-chunk form, for a
     sequence that fits in one chunk)."""
     family = "recurrent"
-    causal_only = CAUSAL_ONLY
-    err_ref = "recurrence"
+    # Measured against its own float64 form; grouped value heads (fla's num_v_heads):
+    # value head j reads query-key head j // (Hv / Hk), its gates per value head.
+    # output_layer: the paper's layer between the mixer and the output projection (a
+    # per-head norm, an output gate), which a trained model builds around it:
+    # harness.train.output_layer.
+    contract = Contract(exactness="own", causal="causal_only", refused_why=CAUSAL_ONLY,
+                        decoding=True, extend=True, weights=True,
+                        grouping=Grouping("value", "repeat"))
     delta = False  # L2-normalises q and k (the delta rule's papers do)
-    # The paper's layer between the mixer and the output projection (a per-head norm, an
-    # output gate), which a trained model builds around it: harness.train.output_layer.
-    output_layer = ""
 
     def _terms(self, q, k, v, inputs) -> tuple:
         """(q, k, v, g, beta) as the recurrence takes them, in q's dtype."""
@@ -149,10 +152,10 @@ def _linear_flops(N, C, D):
 class Retention(Recurrent):
     """RetNet's retention: S_t = γ_h S_{t-1} + k_t^T v_t, γ_h = 1 - 2^(-5-h); o_t = s q_t S_t."""
     name = "retention"
-    output_layer = "group_swish"
     Params = ChunkParams
     paper = "https://arxiv.org/abs/2307.08621"
-    per_head_schedule = True  # head h decays by its own γ_h: heads are not interchangeable
+    # Head h decays by its own γ_h: heads are not interchangeable.
+    contract = Recurrent.contract.but(output_layer="group_swish", per_head_schedule=True)
 
     def _terms(self, q, k, v, inputs):
         return q, k, v, retention_log_decay(q), None
@@ -186,10 +189,9 @@ def _head_log_decay(H: int, dtype: torch.dtype, device: torch.device) -> torch.T
 class GLA(Recurrent):
     """Gated linear attention: S_t = Diag(exp g_t) S_{t-1} + k_t^T v_t; g (B, H, N, D) <= 0."""
     name = "gla"
-    output_layer = "rms_swish"
     Params = GLAParams
     paper = "https://arxiv.org/abs/2312.06635"
-    inputs = (GATE_CHANNEL,)
+    contract = Recurrent.contract.but(output_layer="rms_swish", inputs=(GATE_CHANNEL,))
 
     def _chunked(self, q, k, v, g, beta, S=None):
         return chunk_channel_gate(q, k, v, g, self.params.chunk, self.params.sub_chunk, S)
@@ -208,10 +210,9 @@ class GLA(Recurrent):
 class Mamba2(Recurrent):
     """Mamba2's SSD core: S_t = exp(g_t) S_{t-1} + k_t^T v_t with g (B, H, N) <= 0."""
     name = "mamba2"
-    output_layer = "swish_rms"
     Params = ChunkParams
     paper = "https://arxiv.org/abs/2405.21060"
-    inputs = (GATE_HEAD,)
+    contract = Recurrent.contract.but(output_layer="swish_rms", inputs=(GATE_HEAD,))
 
     def _chunked(self, q, k, v, g, beta, S=None):
         return chunk_scalar_gate(q, k, v, g, self.params.chunk, S)
@@ -235,10 +236,9 @@ class DeltaNet(BetaMax, Recurrent):
     """DeltaNet: S_t = (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t, q and k L2-normalised;
     β in (0, beta_max)."""
     name = "deltanet"
-    output_layer = "rms"
     Params = DeltaParams
     paper = "https://arxiv.org/abs/2406.06484"
-    inputs = (BETA,)
+    contract = Recurrent.contract.but(output_layer="rms", inputs=(BETA,))
     delta = True
 
     def _chunked(self, q, k, v, g, beta, S=None):
@@ -256,10 +256,9 @@ class GatedDeltaNet(BetaMax, Recurrent):
     """Gated DeltaNet: S_t = exp(g_t) (I - β_t k_t^T k_t) S_{t-1} + β_t k_t^T v_t; β in
     (0, beta_max)."""
     name = "gated_deltanet"
-    output_layer = "rms_swish"
     Params = DeltaParams
     paper = "https://arxiv.org/abs/2412.06464"
-    inputs = (GATE_GDN, BETA)
+    contract = Recurrent.contract.but(output_layer="rms_swish", inputs=(GATE_GDN, BETA))
     delta = True
 
     def _chunked(self, q, k, v, g, beta, S=None):
@@ -276,10 +275,9 @@ class GatedDeltaNet(BetaMax, Recurrent):
 class KimiDeltaAttention(Recurrent):
     """Kimi Delta Attention: S_t = (I - β_t k_t^T k_t) Diag(exp g_t) S_{t-1} + β_t k_t^T v_t."""
     name = "kda"
-    output_layer = "rms_sigmoid"
     Params = GLAParams
     paper = "https://arxiv.org/abs/2510.26692"
-    inputs = (GATE_KDA, BETA)
+    contract = Recurrent.contract.but(output_layer="rms_sigmoid", inputs=(GATE_KDA, BETA))
     delta = True
 
     def _chunked(self, q, k, v, g, beta, S=None):

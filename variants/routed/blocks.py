@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from ..core import Variant, compute_dtype, softmax_scale
+from ..core import Contract, Variant, compute_dtype, softmax_scale
 from .decoding import BlockDecoding
 from .routed_rows import routed_block_attention
 from .routing import block_count, selected_keys, top_blocks
@@ -28,6 +28,7 @@ DENSE_MAX = 128
 class BlockRouted(BlockDecoding, Variant):
     """Exact softmax over the keys of each query's top_k gated blocks; see the subclasses."""
     family = "routed"
+    contract = Contract(decoding=True, extend=True, weights=True)
     # The parameter holding the block length (`block_size`, Quest's `page_size`).
     block_param: ClassVar[str] = "block_size"
     # Gate FLOPs per (query, block, channel): 2 for one dot product.

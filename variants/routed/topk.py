@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from ..core import Variant, compute_dtype, param, register, softmax_scale
+from ..core import Contract, Variant, compute_dtype, param, register, softmax_scale
 
 # Bytes of one query chunk's (B, H, c, N) scores.
 _CHUNK_BYTES = 16 * 2**20
@@ -111,7 +111,8 @@ class TopK(Variant):
     family = "routed"
     Params = TopKParams
     paper = "https://arxiv.org/abs/2504.17768"
-    reference_ceiling = True  # not an efficient method: the report never offers it
+    # A bound for the others, not an efficient method: the report never offers it.
+    contract = Contract(reference_ceiling=True, weights=True)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
         """The keys each query reads, (B, H, N, min(top_k, N)) long, best first; -1 where

@@ -22,8 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import (CacheDecoder, KeyMask, RingKV, Variant, naive_attention, param, register,
-                    softmax_scale)
+from ..core import (Contract, CacheDecoder, KeyMask, RingKV, Variant, naive_attention, param,
+                    register, softmax_scale)
 from .band_rows import band_rows_attention
 
 # Query-chunk rows: half the window, within these bounds. A chunk scores c + 2w keys per
@@ -145,6 +145,7 @@ class SameBand:
     base class."""
     family = "sliding_window"
     Params = SlidingWindowParams
+    contract = Contract(exactness="pattern")
 
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
@@ -165,6 +166,7 @@ class SlidingWindow(CacheDecoder, Variant):
     name = "sliding_window"
     family = "sliding_window"
     Params = SlidingWindowParams
+    contract = Contract(exactness="pattern", decoding=True, extend=True)
     paper = "https://arxiv.org/abs/2004.05150"
 
     def __init__(self, params=None):

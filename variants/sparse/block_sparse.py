@@ -36,7 +36,8 @@ import math
 
 import torch
 
-from ..core import CacheDecoder, KVCache, KeyMask, Variant, naive_attention, param, register
+from ..core import (Contract, CacheDecoder, KVCache, KeyMask, Variant, naive_attention, param,
+                    register)
 from .block_rows import block_rows_attention
 
 # Plans a module keeps (per length, causal, device and B H); a causal plan holds ~N * 8
@@ -90,6 +91,7 @@ class BlockSparse(CacheDecoder, Variant):
     """Exact softmax attention restricted to a BigBird block layout (window + global + random)."""
     name = "block_sparse"
     family = "sparse"
+    contract = Contract(exactness="pattern", decoding=True, extend=True)
     Params = BlockSparseParams
     paper = "https://arxiv.org/abs/2007.14062"
 
@@ -266,6 +268,7 @@ class SameLayout:
     as its key_mask. List it before the implementation's base class."""
     family = "sparse"
     Params = BlockSparseParams
+    contract = Contract(exactness="pattern")
 
     def __init__(self, params=None):
         super().__init__(params)
