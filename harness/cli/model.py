@@ -60,6 +60,27 @@ def _split_top(text: str) -> list[str]:
     return [p.strip() for p in parts + [cur] if p.strip()]
 
 
+def split_setting(item: str) -> tuple[str, dict | None]:
+    """'b(k=1, c=x)' -> ("b", {"k": 1, "c": "x"}); 'a' -> ("a", None). Not checked."""
+    name, _, rest = item.partition("(")
+    if not rest:
+        return name.strip(), None
+    if not rest.endswith(")"):
+        raise UsageError(f"--variants: {item!r} must look like name(key=value, ...)")
+    params = {}
+    for pair in _split_top(rest[:-1]):
+        key, eq, val = pair.partition("=")
+        if not eq:
+            raise UsageError(f"--variants: {pair!r} in {item!r} is not key=value")
+        params[key.strip()] = _value(val)
+    return name.strip(), params
+
+
+def split_variants(text: str) -> list[str]:
+    """The comma-separated items of a --variants value, commas inside parentheses kept."""
+    return _split_top(text)
+
+
 def parse_variants(text: str | None) -> list[tuple[str, dict]]:
     """'a,b(k=1, c=x)' -> [("a", {}), ("b", {"k": 1, "c": "x"})], each checked by the registry."""
     import variants
@@ -69,16 +90,8 @@ def parse_variants(text: str | None) -> list[tuple[str, dict]]:
         return [(name, {}) for name in default_variants()]
     out = []
     for item in _split_top(text):
-        name, _, rest = item.partition("(")
-        params = {}
-        if rest:
-            if not rest.endswith(")"):
-                raise UsageError(f"--variants: {item!r} must look like name(key=value, ...)")
-            for pair in _split_top(rest[:-1]):
-                key, eq, val = pair.partition("=")
-                if not eq:
-                    raise UsageError(f"--variants: {pair!r} in {item!r} is not key=value")
-                params[key.strip()] = _value(val)
+        name, params = split_setting(item)
+        params = params or {}
         try:
             variants.make_params(name.strip(), **params)
         except ValueError as e:

@@ -35,6 +35,7 @@ from harness.measure import runner
 from harness.measure.memory import decode_bytes
 from harness.errors import UsageError
 from harness.measure.store import RunStore, matmul_fp32_gflops
+from harness.measure.inputs import DISTRIBUTIONS
 from harness.measure.worker import import_extra
 
 # The narrowing flags: flag dest -> (matrix key, element type).
@@ -48,14 +49,21 @@ _SCALARS = {"timeout": ("timeout_s", float), "min_run_time": ("min_run_time_s", 
             "rounds": ("rounds", int), "decode_tokens": ("decode_tokens", int)}
 
 
+def bench_presets() -> list[str]:
+    """The presets `run` takes: the benchmark matrices of harness/presets (not the training
+    ones, which `train` takes)."""
+    return sorted(p.stem for p in mx.PRESET_DIR.glob("*.toml")
+                  if not mx.is_training(mx.read_toml(str(p))))
+
+
 def add_run_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
-    presets = sorted(p.stem for p in mx.PRESET_DIR.glob("*.toml"))
     src.add_argument("--preset", default=None,
-                     help=f"{', '.join(presets)} (default: quick), or a path to a .toml "
-                          "matrix")
+                     help=f"{', '.join(bench_presets())} (default: quick), or a path to a "
+                          ".toml matrix")
     src.add_argument("--config", default=None, help="a .toml matrix file of your own")
-    p.add_argument("--results-dir", default="results", type=Path)
+    p.add_argument("--results-dir", default="results", type=Path,
+                   help="where the run's folder goes (default: results)")
     p.add_argument("--run-id", default=None,
                    help="folder name under --results-dir (default: a UTC timestamp); "
                         "an existing run of the same matrix is resumed")
@@ -64,31 +72,51 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", dest="no_report", action="store_true",
                    help="leave out the report (report.md, report.html, plots/) the run "
                         "otherwise writes when every case has its row")
-    narrow = p.add_argument_group("narrowing (each replaces the matrix's key in every group)")
-    narrow.add_argument("--variants", help="comma-separated variant names to keep")
-    narrow.add_argument("--seq-lens", dest="seq_lens", help="e.g. 512,1024")
-    narrow.add_argument("--device", help="cpu or cuda (comma-separated)")
-    narrow.add_argument("--dtype", help="float32,bfloat16,...")
-    narrow.add_argument("--pass", dest="pass_", help="forward, forward_backward and/or "
-                        "decode (time per generated token; needs --causal true)")
-    narrow.add_argument("--inputs", help="gaussian,sharp,local,minilm (or a [captures.NAME])")
-    narrow.add_argument("--causal", help="true, false or true,false")
-    narrow.add_argument("--batch")
-    narrow.add_argument("--heads")
-    narrow.add_argument("--head-dim", dest="head_dim")
-    sett = p.add_argument_group("run settings")
-    sett.add_argument("--timeout", help="seconds per case before the worker is killed")
-    sett.add_argument("--min-run-time", dest="min_run_time", help="timing budget per case, s")
-    sett.add_argument("--min-repeats", dest="min_repeats", help="at least this many timings")
-    sett.add_argument("--decode-tokens", dest="decode_tokens",
-                      help="decode cases: tokens generated after each context (default 16)")
-    sett.add_argument("--threads", help="torch threads in the worker (0: all cores)")
-    sett.add_argument("--mem-limit-mib", dest="mem_limit_mib",
-                      help="worker address-space cap above its baseline (0: MemAvailable*0.9)")
-    sett.add_argument("--err-rows", dest="err_rows", help="query rows sampled for the error")
-    sett.add_argument("--rounds", help="time each case in R rounds spread over the run "
-                                       "(round 1 of every case, then round 2, ...): "
-                                       "time_ms_spread shows drift between them")
+    narrow = p.add_argument_group("narrowing (each replaces the matrix's key, named in "
+                                  "brackets, in every group)")
+    narrow.add_argument("--variants", metavar="NAMES",
+                        help="[variants] comma-separated variants to keep, each a name or "
+                             "name(param=value, ...), e.g. 'sdpa,sliding_window(window=64)' "
+                             "(a setting replaces the matrix's settings of that variant)")
+    narrow.add_argument("--seq-lens", dest="seq_lens", metavar="N,...",
+                        help="[seq_lens] sequence lengths, e.g. 512,1024")
+    narrow.add_argument("--device", metavar="DEVICES", help="[devices] cpu and/or cuda")
+    narrow.add_argument("--dtype", metavar="DTYPES",
+                        help=f"[dtypes] {', '.join(mx.DTYPES)} (comma-separated)")
+    narrow.add_argument("--pass", dest="pass_", metavar="PASSES",
+                        help="[passes] forward, forward_backward and/or decode (time per "
+                             "generated token; needs --causal true)")
+    narrow.add_argument("--inputs", metavar="INPUTS",
+                        help=f"[inputs] {', '.join(DISTRIBUTIONS + tuple(capture.BUILTIN))} "
+                             "(or a [captures.NAME] of the matrix)")
+    narrow.add_argument("--causal", metavar="BOOLS",
+                        help="[causal] true, false or true,false")
+    narrow.add_argument("--batch", metavar="B,...", help="[batch] batch sizes")
+    narrow.add_argument("--heads", metavar="H,...", help="[heads] head counts")
+    narrow.add_argument("--head-dim", dest="head_dim", metavar="D,...",
+                        help="[head_dim] head dimensions")
+    sett = p.add_argument_group("run settings (each replaces the matrix's key, named in "
+                                "brackets)")
+    sett.add_argument("--timeout", metavar="S",
+                      help="[timeout_s] seconds per case before the worker is killed")
+    sett.add_argument("--min-run-time", dest="min_run_time", metavar="S",
+                      help="[min_run_time_s] timing budget per case, seconds")
+    sett.add_argument("--min-repeats", dest="min_repeats", metavar="R",
+                      help="[min_repeats] at least this many timings")
+    sett.add_argument("--decode-tokens", dest="decode_tokens", metavar="T",
+                      help="[decode_tokens] decode cases: tokens generated after each context "
+                           "(default 16)")
+    sett.add_argument("--threads", metavar="T",
+                      help="[threads] torch threads in the worker (0: all cores)")
+    sett.add_argument("--mem-limit-mib", dest="mem_limit_mib", metavar="MIB",
+                      help="[mem_limit_mib] worker address-space cap above its baseline "
+                           "(0: MemAvailable*0.9)")
+    sett.add_argument("--err-rows", dest="err_rows", metavar="ROWS",
+                      help="[err_rows] query rows sampled for the error")
+    sett.add_argument("--rounds", metavar="R",
+                      help="[rounds] time each case in R rounds spread over the run "
+                           "(round 1 of every case, then round 2, ...): time_ms_spread shows "
+                           "drift between them")
     executors.add_args(p)
 
 
@@ -106,7 +134,12 @@ def overrides_from(args) -> dict:
     out = {}
     for dest, (key, typ) in _OVERRIDES.items():
         text = getattr(args, dest, None)
-        if text is not None:
+        if text is not None and dest == "variants":  # a name, or name(param=value, ...)
+            from harness.cli.model import split_setting, split_variants
+
+            out[key] = [(lambda n, p: n if p is None else (n, p))(*split_setting(t))
+                        for t in split_variants(text)]
+        elif text is not None:
             out[key] = [_parse(t, typ, dest.rstrip("_")) for t in text.split(",") if t.strip()]
     for dest, (key, typ) in _SCALARS.items():
         text = getattr(args, dest, None)
