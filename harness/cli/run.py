@@ -19,7 +19,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from tabulate import tabulate
 
 import variants
 from harness.models import capture
@@ -270,23 +269,59 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
 
 def add_list_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true", help="include names starting with '_'")
+    p.add_argument("--wide", action="store_true",
+                   help="every column: backward, parameters, extra inputs, why a device is "
+                        "out, paper "
+                        "(the default view fits 100 columns)")
+
+
+def _devices(m) -> tuple[str, str]:
+    """The devices a variant runs on (cpu, cuda; judged as if a CUDA device were here when
+    none is) at some dtype and causal setting, and why the others are out."""
+    ok, why = [], []
+    for device in ("cpu", "cuda"):
+        best = None
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for causal in (False, True):
+                r = m.unsupported_reasons(device=device, dtype=dtype, causal=causal,
+                                          seq_len=1024, head_dim=64)
+                r = [x for x in r if "no cuda device here" not in x.lower()]
+                best = r if best is None or len(r) < len(best) else best
+        if best:
+            why.append(f"{device}: {best[0]}")
+        else:
+            ok.append(device)
+    return ",".join(ok) or "-", "; ".join(why) or "-"
 
 
 def list_command(args) -> int:
     rows = []
     for name in variants.names(private=args.all):
         s = variants.spec(name)
+        m = variants.build(name)
         params = ", ".join(f"{p.name}={p.default!r}" + _constraint(p) for p in s.params) or "-"
         exact = "exact" if s.exact else ("pattern" if s.pattern_exact else "approx")
-        exact = exact if s.err_ref == "softmax" else f"no ({s.err_ref})"
-        exact = f"{exact} (reference ceiling)" if s.reference_ceiling else exact
+        exact = exact if s.err_ref == "softmax" else "own ref"
+        exact = "ceiling" if s.reference_ceiling else exact
         causal = "only" if s.causal_only else ("yes" if s.supports_causal else "no")
         inputs = "; ".join(f"{i.name} {i.shape_text} {i.range_text}" for i in s.inputs) or "-"
-        rows.append([name, s.family, exact, causal, "yes" if s.supports_backward else "no",
-                     params, inputs, s.origin, s.paper])
-    print(tabulate(rows, headers=["variant", "family", "exact", "causal", "backward",
-                                  "parameters (defaults)", "inputs beyond q, k, v", "origin",
-                                  "paper"]))
+        devices, why = _devices(m)
+        decode = "no" if m.decode_reasons() else "yes"
+        rows.append([name, s.family, exact, causal, decode, devices, s.origin,
+                     "yes" if s.supports_backward else "no", params, inputs, why, s.paper])
+    headers = ["variant", "family", "exact", "causal", "decode", "devices", "origin",
+               "backward", "parameters (defaults)", "inputs beyond q, k, v", "devices out",
+               "paper"]
+    keep = len(headers) if args.wide else 7
+    table = [headers[:keep], None, *(r[:keep] for r in rows)]  # None: the rule
+    widths = [max(len(r[i]) for r in table if r) for i in range(keep)]
+    for r in table:
+        cells = ["-" * w for w in widths] if r is None else [c.ljust(w) for c, w in zip(r, widths)]
+        print("  ".join(cells).rstrip())
+    if not args.wide:
+        print("exact: exact softmax, pattern (exact on a key pattern), approx, own ref (error "
+              "against its own\nfloat64 recurrence), ceiling (an oracle bound); --wide: "
+              "backward, parameters, inputs, paper")
     return 0
 
 

@@ -191,14 +191,18 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
     overrides = dict(overrides or {})
     narrow = overrides.pop("variants", None)
     ov = _check_group(overrides, "command line", errors, inputs)
-    full = []
+    full, acausal = [], []  # acausal: the groups that decode non-causally
     for i, g in enumerate(groups):
         g = {**{k: d for k, (d, _) in _KEYS.items()}, **g, **ov}
         g["variants"] = _resolve_variants(g["variants"], g["params"], f"groups[{i}]", errors)
         if "decode" in g["passes"] and False in g["causal"]:
-            errors.append(f"groups[{i}]: passes = [\"decode\"] generates tokens causally: it "
-                          "needs causal = [true] (put decode in a group of its own)")
+            acausal.append(i)
         full.append(g)
+    if acausal:  # one message, however many groups
+        where = ("command line" if {"passes", "causal"} & set(ov)
+                 else f"groups[{', '.join(map(str, acausal))}]")
+        errors.append(f"{where}: passes = [\"decode\"] generates tokens causally: it needs "
+                      "causal = [true] (--causal true; put decode in a group of its own)")
     if narrow is not None:
         narrow_variants(full, narrow, errors)
     if errors:  # top-level keys are checked once per group: report each problem once
