@@ -1,8 +1,8 @@
-"""The `maps` command of run_bench.py: the attention-map grid of a chosen head, into a file.
+"""The `maps` command of attnbench: the attention-map grid of a chosen head, into a file.
 
-    python run_bench.py maps [--input minilm|local|gaussian|sharp] [--layer L] [--head H]
-                             [--seq-len N] [--variants 'sliding_window(window=64),performer']
-                             [--causal] [--output FILE.png]
+    attnbench maps [--input minilm|local|gaussian|sharp|retrieval] [--layer L] [--head H]
+                   [--seq-len N] [--variants 'sliding_window(window=64),performer']
+                   [--causal] [--output FILE.png]
 
 Every argument is checked before anything is computed (one line on stderr, exit 2). The
 maps are computed by harness.measure.maps (saved beside the PNG as FILE.npz) and drawn by
@@ -22,7 +22,7 @@ def add_maps_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--input", default="minilm",
                    help="minilm (q, k, v captured from all-MiniLM-L6-v2 on the shipped text) "
-                        "or a synthetic distribution: local, gaussian, sharp")
+                        "or a synthetic distribution: local, gaussian, sharp, retrieval")
     p.add_argument("--layer", default=str(maps.LAYER),
                    help=f"model layer of a captured input (default {maps.LAYER})")
     p.add_argument("--head", default=str(maps.HEAD), help=f"attention head (default {maps.HEAD})")

@@ -1,4 +1,4 @@
-"""The `model` command of run_bench.py: drift of a pretrained model under each variant.
+"""The `model` command of attnbench: drift of a pretrained model under each variant.
 
 Every argument, the model, the text and the results folder are checked before anything is
 measured or written (one line on stderr, exit 2); then harness.drift.engine measures the
@@ -28,7 +28,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", default="2", help="token windows per N (default 2)")
     p.add_argument("--seed", default="0", help="seed of the windows' offsets")
     p.add_argument("--threads", default="0", help="torch threads (0: all cores)")
-    p.add_argument("--results-dir", default="results", type=Path)
+    p.add_argument("--results-dir", default="results", type=Path,
+                   help="where the run's folder goes (default: results)")
     p.add_argument("--run-id", default=None,
                    help="folder under --results-dir (default: a UTC timestamp); rows already "
                         "in its model.csv are kept and not measured again")
