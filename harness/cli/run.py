@@ -217,7 +217,7 @@ def run_command(args) -> int:
 
 
 def run_default() -> Path:
-    """The default job of `python run_bench.py`: the quick preset on CPU into results/."""
+    """The default job of `attnbench`: the quick preset on CPU into results/."""
     return run_matrix("quick", {"devices": ["cpu"]}, Path("results"), None)
 
 
