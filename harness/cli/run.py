@@ -26,6 +26,7 @@ from harness.measure import estimate
 from harness.measure import layers, stack
 from harness.measure import maps
 from harness.cli import modules
+from harness.cli.settings import split_setting, split_variants
 from harness.cluster import executors
 from harness.cluster import sharded
 from harness.cluster import shards
@@ -134,8 +135,6 @@ def overrides_from(args) -> dict:
     for dest, (key, typ) in _OVERRIDES.items():
         text = getattr(args, dest, None)
         if text is not None and dest == "variants":  # a name, or name(param=value, ...)
-            from harness.cli.model import split_setting, split_variants
-
             out[key] = [(lambda n, p: n if p is None else (n, p))(*split_setting(t))
                         for t in split_variants(text)]
         elif text is not None:
