@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # to print a rerun command
         args.prog = _prog()
+        if args.command == "run":  # an unknown preset: the presets `run` takes
+            cli_run.check_preset(args.config or args.preset or "quick")
         if args.command not in ("report", "compare", "check"):  # before anything is built
             cli_modules.use(args, getattr(args, "config", None) or getattr(args, "preset", None))
         if args.command is None:  # the default job: the quick CPU matrix, the model drift

@@ -85,6 +85,18 @@ def test_each_subcommand_lists_only_the_presets_it_takes():
     assert train <= set(re.findall(r"[\w-]+", train_help))
 
 
+def test_an_unknown_run_preset_names_only_the_run_presets(capsys):
+    rc, _, err = _main(["run", "--preset", "no-such-preset", "--dry-run"], capsys)
+    assert rc == 2 and "quick" in err and "train-quick" not in err, err
+
+
+@pytest.mark.parametrize("argv, causal", [([], "false"), (["--causal"], "true"),
+                                          (["--causal", "true"], "true"),
+                                          (["--causal", "false"], "false")])
+def test_maps_causal_takes_a_value_as_run_does(argv, causal):
+    assert run_bench._parser().parse_args(["maps", *argv]).causal == causal
+
+
 def test_list_fits_100_columns_with_decode_and_devices(capsys):
     rc, out, _ = _main(["list"], capsys)
     lines = out.splitlines()

@@ -56,6 +56,14 @@ def bench_presets() -> list[str]:
                   if not mx.is_training(mx.read_toml(str(p))))
 
 
+def check_preset(source: str) -> None:
+    """UsageError naming the presets `run` takes when `source` is neither one nor a file."""
+    path = Path(source)
+    if not path.suffix and not path.exists() and not (mx.PRESET_DIR / f"{source}.toml").exists():
+        raise UsageError(f"unknown preset {source!r}; presets: {', '.join(bench_presets())}, "
+                         "or a .toml file")
+
+
 def add_run_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default=None,
@@ -201,6 +209,7 @@ def _rerun(argv: list[str] | None, run_id: str) -> str:
 def run_command(args) -> int:
     import_extra()  # variant modules (harness.cli.modules has loaded them), entry points
     source = args.config or args.preset or "quick"
+    check_preset(source)
     settings = executors.settings_from(args, mx.read_toml(source).get("executor"))
     if args.dry_run:
         return plan(source, overrides_from(args), settings.shards)
