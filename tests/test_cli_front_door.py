@@ -15,6 +15,8 @@ import run_bench
 from harness.cli import report as cli_report
 from harness.cli import run as cli_run
 from harness.measure import matrix as mx
+from harness.measure.worker import EXTRA_ENV
+from variants.core import modules, registry
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -180,6 +182,34 @@ def test_readme_example_matrix_mostly_runs(tmp_path, capsys):
     assert rc == 0, err
     total, skipped = map(int, re.match(r"(\d+) cases; (\d+) skipped", out).groups())
     assert total and skipped <= total / 4, out
+
+
+def test_readme_narrowed_run_examples_mostly_run(tmp_path, capsys, monkeypatch):
+    """Each `attnbench run ... --variants` line of the README, its own variant module the
+    README's my_attention.py: at most a quarter of its cases skipped."""
+    [module] = re.findall(r"```python\n(.*?)```", README, re.S)[:1]
+    (tmp_path / "my_attention.py").write_text(module)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(EXTRA_ENV, raising=False)
+    saved = (dict(registry._REGISTRY), dict(registry._ORIGIN), dict(modules._LOADED))
+    try:
+        _check_narrowed(capsys)
+    finally:  # the module's variants leave the registry with the test
+        for live, old in zip((registry._REGISTRY, registry._ORIGIN, modules._LOADED), saved):
+            live.clear()
+            live.update(old)
+
+
+def _check_narrowed(capsys) -> None:
+    lines = [ln for block in re.findall(r"```bash\n(.*?)```", README, re.S)
+             for ln in block.splitlines() if ln.startswith("attnbench run") and "--variants" in ln]
+    assert len(lines) >= 2
+    for line in lines:
+        argv = [a for a in shlex.split(line, comments=True)[1:] if a != "--dry-run"]
+        rc, out, err = _main([*argv, "--dry-run"], capsys)
+        assert rc == 0, (line, err)
+        total, skipped = map(int, re.match(r"(\d+) cases; (\d+) skipped", out).groups())
+        assert total and skipped <= total / 4, (line, out)
 
 
 def test_readme_train_example_has_a_baseline():
