@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     with_modules = [
         (cli_run.add_run_args, "run", "run a benchmark matrix"),
-        (cli_run.add_list_args, "list", "list variants, their parameters and origins"),
+        (cli_run.add_list_args, "list",
+         "list variants: what each supports, where it runs, its origin (--wide: more)"),
         (cli_model.add_model_args, "model",
          "drift of a pretrained model when a variant replaces its attention"),
         (cli_maps.add_maps_args, "maps",
