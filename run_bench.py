@@ -3,7 +3,7 @@
 `attnbench` (the console script `pip install` gives) and `python run_bench.py` are the
 same command:
 
-    attnbench                                # quick CPU matrix, model drift at N=512, report
+    attnbench                                # the default job (below)
     attnbench run --preset cpu               # or gpu, or a TOML file of your own
     attnbench report results/<run-id>
     attnbench compare results/<a> results/<b>
@@ -25,6 +25,11 @@ import sys
 
 from harness.errors import UsageError
 
+DEFAULT_JOB = ("with no command, attnbench runs the default job: the quick CPU matrix, the "
+               "drift of MiniLM at N = 512 under each variant and their report, into "
+               "results/<timestamp>/ (about 80 s on 2 cores; `attnbench run --preset quick "
+               "--dry-run` prints its plan)")
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's own usage errors: one line, status 2
@@ -32,8 +37,24 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _prog() -> str:
-    """`attnbench` when run as the console script, else `run_bench.py`."""
-    return "attnbench" if os.path.basename(sys.argv[0] or "") == "attnbench" else "run_bench.py"
+    """The program the user typed: `run_bench.py` when run as that file, else `attnbench`
+    (the console script, and the name errors use from anywhere else)."""
+    return "run_bench.py" if os.path.basename(sys.argv[0] or "") == "run_bench.py" else "attnbench"
+
+
+def version() -> str:
+    """The installed package's version (pyproject.toml's, in a checkout that is not
+    installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("attnbench")
+    except metadata.PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        text = (Path(__file__).resolve().parent / "pyproject.toml").read_text()
+        return re.search(r'^version = "([^"]+)"', text, re.M).group(1)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,11 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     from harness.cli import run as cli_run
     from harness.cli import train as cli_train
 
-    p = _Parser(prog=_prog(), description=__doc__.splitlines()[0])
+    p = _Parser(prog=_prog(), description=__doc__.splitlines()[0], epilog=DEFAULT_JOB)
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     with_modules = [
         (cli_run.add_run_args, "run", "run a benchmark matrix"),
-        (cli_run.add_list_args, "list", "list variants, their parameters and origins"),
+        (cli_run.add_list_args, "list",
+         "list variants: what each supports, where it runs, its origin (--wide: more)"),
         (cli_model.add_model_args, "model",
          "drift of a pretrained model when a variant replaces its attention"),
         (cli_maps.add_maps_args, "maps",
@@ -80,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # to print a rerun command
         args.prog = _prog()
+        if args.command == "run":  # an unknown preset: the presets `run` takes
+            cli_run.check_preset(args.config or args.preset or "quick")
         if args.command not in ("report", "compare", "check"):  # before anything is built
             cli_modules.use(args, getattr(args, "config", None) or getattr(args, "preset", None))
         if args.command is None:  # the default job: the quick CPU matrix, the model drift

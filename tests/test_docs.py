@@ -27,7 +27,7 @@ def test_readme_is_a_front_door():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 300
     first = "\n".join(lines[:40])
-    assert "pip install -e . && python run_bench.py" in first  # the main job
+    assert "pip install -e . && attnbench" in first  # the main job
     assert "pip install -e '.[test,xformers]' && python -m pytest" in first  # the tests
 
 

@@ -104,7 +104,7 @@ def _bad(capsys, tmp_path, *argv, match):
     folder = tmp_path / "runs"
     code, out = _main(capsys, *argv, "--seq-lens", "64", "--results-dir", folder, "--run-id", "r")
     assert code == 2
-    assert out.err.startswith("run_bench.py: error:") and out.err.count("\n") == 1, out.err
+    assert out.err.startswith("attnbench: error:") and out.err.count("\n") == 1, out.err
     assert match in out.err, out.err
     assert not (folder / "r" / "model.csv").exists()
 

@@ -166,4 +166,4 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
     }[case]
     assert run_bench.main([str(a) for a in argv]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and words in err and err.startswith("run_bench.py: error:")
+    assert err.count("\n") == 1 and words in err and err.startswith("attnbench: error:")

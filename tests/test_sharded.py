@@ -334,7 +334,7 @@ def test_bad_executor_settings_exit_2_write_nothing(tmp_path, monkeypatch, capsy
     out = tmp_path / "runs"
     assert _run(cfg, out, "r", *argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and words in err and err.startswith("run_bench.py: error:")
+    assert err.count("\n") == 1 and words in err and err.startswith("attnbench: error:")
     assert not out.exists()
 
 

@@ -190,8 +190,8 @@ def test_an_unknown_variant_flag_and_another_matrix_in_the_folder_are_refused(
 
 
 @pytest.mark.parametrize("command,preset,words", [
-    ("train", "quick", "is a benchmark matrix (for `run_bench.py run`)"),
-    ("run", "train-quick", "is a training matrix (for `run_bench.py train`)")])
+    ("train", "quick", "is a benchmark matrix (for `attnbench run`)"),
+    ("run", "train-quick", "is a training matrix (for `attnbench train`)")])
 def test_a_preset_of_the_other_command_is_named_as_such(command, preset, words, capsys):
     assert run_bench.main([command, "--preset", preset, "--dry-run"]) == 2
     err = capsys.readouterr().err

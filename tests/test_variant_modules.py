@@ -177,7 +177,7 @@ def test_a_bad_module_is_one_line_exit_2_and_nothing_written(tmp_path, clean, ca
     assert run_bench.main(argv) == 2
     out = capsys.readouterr()
     assert out.err.count("\n") == 1 and "Traceback" not in out.err, out.err
-    assert out.err.startswith(f"run_bench.py: error: variant module {path}: {words}"), out.err
+    assert out.err.startswith(f"attnbench: error: variant module {path}: {words}"), out.err
     assert not res.exists()
     assert bad[:-3] not in variants.names() and "cosine" not in variants.names()
 

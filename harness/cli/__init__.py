@@ -6,6 +6,7 @@
     report.py  `report` and `compare`
     maps.py    `maps` (the attention-map grid of one head)
     check.py   `check` (the conformance kit, harness.check, on a module's variants)
+    settings.py 'name(param=value)' variant settings, as --variants writes them
     modules.py `--variant-module` and a TOML's `modules`: variants of one's own, everywhere
 
 May import every other subpackage (it decides, for instance, to write the report after a

@@ -1,8 +1,8 @@
-"""The `maps` command of run_bench.py: the attention-map grid of a chosen head, into a file.
+"""The `maps` command of attnbench: the attention-map grid of a chosen head, into a file.
 
-    python run_bench.py maps [--input minilm|local|gaussian|sharp] [--layer L] [--head H]
-                             [--seq-len N] [--variants 'sliding_window(window=64),performer']
-                             [--causal] [--output FILE.png]
+    attnbench maps [--input minilm|local|gaussian|sharp|retrieval] [--layer L] [--head H]
+                   [--seq-len N] [--variants 'sliding_window(window=64),performer']
+                   [--causal] [--output FILE.png]
 
 Every argument is checked before anything is computed (one line on stderr, exit 2). The
 maps are computed by harness.measure.maps (saved beside the PNG as FILE.npz) and drawn by
@@ -22,7 +22,7 @@ def add_maps_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--input", default="minilm",
                    help="minilm (q, k, v captured from all-MiniLM-L6-v2 on the shipped text) "
-                        "or a synthetic distribution: local, gaussian, sharp")
+                        "or a synthetic distribution: local, gaussian, sharp, retrieval")
     p.add_argument("--layer", default=str(maps.LAYER),
                    help=f"model layer of a captured input (default {maps.LAYER})")
     p.add_argument("--head", default=str(maps.HEAD), help=f"attention head (default {maps.HEAD})")
@@ -31,7 +31,9 @@ def add_maps_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default=None,
                    help="comma-separated settings, e.g. 'sliding_window(window=64),performer' "
                         "(default: the quick preset's approximate variants)")
-    p.add_argument("--causal", action="store_true", help="causal maps (j <= i)")
+    p.add_argument("--causal", nargs="?", const="true", default="false", metavar="BOOL",
+                   help="causal maps (j <= i): --causal or --causal true, as `run` takes it "
+                        "(default false)")
     p.add_argument("--head-dim", dest="head_dim", default="64",
                    help="head dimension D of a synthetic input (default 64)")
     p.add_argument("--output", default=None, type=Path,
@@ -74,6 +76,9 @@ def maps_command(args) -> int:
     if args.input not in DISTRIBUTIONS + tuple(capture.BUILTIN):
         raise UsageError(f"--input: expected one of {', '.join(capture.BUILTIN)}, "
                          f"{', '.join(DISTRIBUTIONS)}; got {args.input!r}")
+    if str(args.causal).lower() not in ("true", "false"):
+        raise UsageError(f"--causal: expected true or false, got {args.causal!r}")
+    args.causal = str(args.causal).lower() == "true"
     N = _int(args.seq_len, "seq-len", 1, variants.WEIGHTS_MAX_N)
     layer, head = _int(args.layer, "layer", 0), _int(args.head, "head", 0)
     D = _int(args.head_dim, "head-dim", 1)

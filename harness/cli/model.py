@@ -1,4 +1,4 @@
-"""The `model` command of run_bench.py: drift of a pretrained model under each variant.
+"""The `model` command of attnbench: drift of a pretrained model under each variant.
 
 Every argument, the model, the text and the results folder are checked before anything is
 measured or written (one line on stderr, exit 2); then harness.drift.engine measures the
@@ -11,6 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
+from harness.cli.settings import _split_top, split_setting
 from harness.errors import UsageError
 
 
@@ -28,36 +29,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", default="2", help="token windows per N (default 2)")
     p.add_argument("--seed", default="0", help="seed of the windows' offsets")
     p.add_argument("--threads", default="0", help="torch threads (0: all cores)")
-    p.add_argument("--results-dir", default="results", type=Path)
+    p.add_argument("--results-dir", default="results", type=Path,
+                   help="where the run's folder goes (default: results)")
     p.add_argument("--run-id", default=None,
                    help="folder under --results-dir (default: a UTC timestamp); rows already "
                         "in its model.csv are kept and not measured again")
-
-
-def _value(text: str):
-    """A parameter value: true/false, an int, a float, else the string."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for typ in (int, float):
-        try:
-            return typ(text)
-        except ValueError:
-            pass
-    return text.strip().strip("'\"")
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas outside parentheses."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return [p.strip() for p in parts + [cur] if p.strip()]
 
 
 def parse_variants(text: str | None) -> list[tuple[str, dict]]:
@@ -69,16 +45,8 @@ def parse_variants(text: str | None) -> list[tuple[str, dict]]:
         return [(name, {}) for name in default_variants()]
     out = []
     for item in _split_top(text):
-        name, _, rest = item.partition("(")
-        params = {}
-        if rest:
-            if not rest.endswith(")"):
-                raise UsageError(f"--variants: {item!r} must look like name(key=value, ...)")
-            for pair in _split_top(rest[:-1]):
-                key, eq, val = pair.partition("=")
-                if not eq:
-                    raise UsageError(f"--variants: {pair!r} in {item!r} is not key=value")
-                params[key.strip()] = _value(val)
+        name, params = split_setting(item)
+        params = params or {}
         try:
             variants.make_params(name.strip(), **params)
         except ValueError as e:

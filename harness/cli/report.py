@@ -1,4 +1,4 @@
-"""The `report` and `compare` subcommands of run_bench.py: they read result folders, never measure."""
+"""The `report` and `compare` subcommands of attnbench: they read result folders, never measure."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def _fraction(text: str) -> float:
         value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
         raise UsageError(f"--threshold must be a number or a percentage, got {text!r}") from None
-    if value < 0:
-        raise UsageError(f"--threshold must be >= 0, got {text!r}")
+    if not 0 <= value <= 1:
+        raise UsageError(f"--threshold is a fraction from 0 to 1 (0.1 or 10%), got {text!r}")
     return value
 
 
@@ -43,8 +43,9 @@ def add_compare_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_a", help="the baseline results folder")
     parser.add_argument("run_b", help="the results folder compared with it (ratios are b / a)")
     parser.add_argument("--threshold", default="10%", metavar="FRACTION",
-                        help="smallest relative time change flagged, as 0.1 or 10%% "
-                             "(default 10%%); it must also exceed the two runs' IQRs")
+                        help="smallest relative time change flagged, a fraction from 0 to 1: "
+                             "0.1 or 10%% (default 10%%); it must also exceed the two runs' "
+                             "IQRs")
     parser.add_argument("--fail-on-regression", action="store_true",
                         help="exit 1 when any case regressed")
     parser.add_argument("--output", metavar="FILE.md", help="also write the table to this file")

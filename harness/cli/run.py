@@ -19,7 +19,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from tabulate import tabulate
 
 import variants
 from harness.models import capture
@@ -27,6 +26,7 @@ from harness.measure import estimate
 from harness.measure import layers, stack
 from harness.measure import maps
 from harness.cli import modules
+from harness.cli.settings import split_setting, split_variants
 from harness.cluster import executors
 from harness.cluster import sharded
 from harness.cluster import shards
@@ -35,6 +35,7 @@ from harness.measure import runner
 from harness.measure.memory import decode_bytes
 from harness.errors import UsageError
 from harness.measure.store import RunStore, matmul_fp32_gflops
+from harness.measure.inputs import DISTRIBUTIONS
 from harness.measure.worker import import_extra
 
 # The narrowing flags: flag dest -> (matrix key, element type).
@@ -50,14 +51,29 @@ _SCALARS = {"timeout": ("timeout_s", float), "min_run_time": ("min_run_time_s", 
             "rounds": ("rounds", int), "decode_tokens": ("decode_tokens", int)}
 
 
+def bench_presets() -> list[str]:
+    """The presets `run` takes: the benchmark matrices of harness/presets (not the training
+    ones, which `train` takes)."""
+    return sorted(p.stem for p in mx.PRESET_DIR.glob("*.toml")
+                  if not mx.is_training(mx.read_toml(str(p))))
+
+
+def check_preset(source: str) -> None:
+    """UsageError naming the presets `run` takes when `source` is neither one nor a file."""
+    path = Path(source)
+    if not path.suffix and not path.exists() and not (mx.PRESET_DIR / f"{source}.toml").exists():
+        raise UsageError(f"unknown preset {source!r}; presets: {', '.join(bench_presets())}, "
+                         "or a .toml file")
+
+
 def add_run_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
-    presets = sorted(p.stem for p in mx.PRESET_DIR.glob("*.toml"))
     src.add_argument("--preset", default=None,
-                     help=f"{', '.join(presets)} (default: quick), or a path to a .toml "
-                          "matrix")
+                     help=f"{', '.join(bench_presets())} (default: quick), or a path to a "
+                          ".toml matrix")
     src.add_argument("--config", default=None, help="a .toml matrix file of your own")
-    p.add_argument("--results-dir", default="results", type=Path)
+    p.add_argument("--results-dir", default="results", type=Path,
+                   help="where the run's folder goes (default: results)")
     p.add_argument("--run-id", default=None,
                    help="folder name under --results-dir (default: a UTC timestamp); "
                         "an existing run of the same matrix is resumed")
@@ -66,37 +82,59 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", dest="no_report", action="store_true",
                    help="leave out the report (report.md, report.html, plots/) the run "
                         "otherwise writes when every case has its row")
-    narrow = p.add_argument_group("narrowing (each replaces the matrix's key in every group)")
-    narrow.add_argument("--variants", help="comma-separated variant names to keep")
-    narrow.add_argument("--seq-lens", dest="seq_lens", help="e.g. 512,1024")
-    narrow.add_argument("--device", help="cpu or cuda (comma-separated)")
-    narrow.add_argument("--dtype", help="float32,bfloat16,...")
-    narrow.add_argument("--pass", dest="pass_", help="forward, forward_backward and/or "
-                        "decode (time per generated token; needs --causal true)")
-    narrow.add_argument("--inputs", help="gaussian,sharp,local,minilm (or a [captures.NAME])")
-    narrow.add_argument("--causal", help="true, false or true,false")
-    narrow.add_argument("--batch")
-    narrow.add_argument("--heads")
-    narrow.add_argument("--head-dim", dest="head_dim")
-    narrow.add_argument("--kv-heads", dest="kv_heads",
-                        help="key-value heads of softmax variants, dividing --heads (8,1)")
-    narrow.add_argument("--value-heads", dest="value_heads",
-                        help="value heads of recurrences, a multiple of --heads (8,16)")
-    narrow.add_argument("--value-dim", dest="value_dim",
-                        help="values' width, for variants that declare value_dim")
-    sett = p.add_argument_group("run settings")
-    sett.add_argument("--timeout", help="seconds per case before the worker is killed")
-    sett.add_argument("--min-run-time", dest="min_run_time", help="timing budget per case, s")
-    sett.add_argument("--min-repeats", dest="min_repeats", help="at least this many timings")
-    sett.add_argument("--decode-tokens", dest="decode_tokens",
-                      help="decode cases: tokens generated after each context (default 16)")
-    sett.add_argument("--threads", help="torch threads in the worker (0: all cores)")
-    sett.add_argument("--mem-limit-mib", dest="mem_limit_mib",
-                      help="worker address-space cap above its baseline (0: MemAvailable*0.9)")
-    sett.add_argument("--err-rows", dest="err_rows", help="query rows sampled for the error")
-    sett.add_argument("--rounds", help="time each case in R rounds spread over the run "
-                                       "(round 1 of every case, then round 2, ...): "
-                                       "time_ms_spread shows drift between them")
+    narrow = p.add_argument_group("narrowing (each replaces the matrix's key, named in "
+                                  "brackets, in every group)")
+    narrow.add_argument("--variants", metavar="NAMES",
+                        help="[variants] comma-separated variants to keep, each a name or "
+                             "name(param=value, ...), e.g. 'sdpa,sliding_window(window=64)' "
+                             "(a setting replaces the matrix's settings of that variant)")
+    narrow.add_argument("--seq-lens", dest="seq_lens", metavar="N,...",
+                        help="[seq_lens] sequence lengths, e.g. 512,1024")
+    narrow.add_argument("--device", metavar="DEVICES", help="[devices] cpu and/or cuda")
+    narrow.add_argument("--dtype", metavar="DTYPES",
+                        help=f"[dtypes] {', '.join(mx.DTYPES)} (comma-separated)")
+    narrow.add_argument("--pass", dest="pass_", metavar="PASSES",
+                        help="[passes] forward, forward_backward and/or decode (time per "
+                             "generated token; needs --causal true)")
+    narrow.add_argument("--inputs", metavar="INPUTS",
+                        help=f"[inputs] {', '.join(DISTRIBUTIONS + tuple(capture.BUILTIN))} "
+                             "(or a [captures.NAME] of the matrix)")
+    narrow.add_argument("--causal", metavar="BOOLS",
+                        help="[causal] true, false or true,false")
+    narrow.add_argument("--batch", metavar="B,...", help="[batch] batch sizes")
+    narrow.add_argument("--heads", metavar="H,...", help="[heads] head counts")
+    narrow.add_argument("--head-dim", dest="head_dim", metavar="D,...",
+                        help="[head_dim] head dimensions")
+    narrow.add_argument("--kv-heads", dest="kv_heads", metavar="HK,...",
+                        help="[kv_heads] key-value heads of softmax variants, dividing "
+                             "--heads (e.g. 8,1)")
+    narrow.add_argument("--value-heads", dest="value_heads", metavar="HV,...",
+                        help="[value_heads] value heads of recurrences, a multiple of "
+                             "--heads (e.g. 8,16)")
+    narrow.add_argument("--value-dim", dest="value_dim", metavar="DV,...",
+                        help="[value_dim] values' width, for variants that declare it")
+    sett = p.add_argument_group("run settings (each replaces the matrix's key, named in "
+                                "brackets)")
+    sett.add_argument("--timeout", metavar="S",
+                      help="[timeout_s] seconds per case before the worker is killed")
+    sett.add_argument("--min-run-time", dest="min_run_time", metavar="S",
+                      help="[min_run_time_s] timing budget per case, seconds")
+    sett.add_argument("--min-repeats", dest="min_repeats", metavar="R",
+                      help="[min_repeats] at least this many timings")
+    sett.add_argument("--decode-tokens", dest="decode_tokens", metavar="T",
+                      help="[decode_tokens] decode cases: tokens generated after each context "
+                           "(default 16)")
+    sett.add_argument("--threads", metavar="T",
+                      help="[threads] torch threads in the worker (0: all cores)")
+    sett.add_argument("--mem-limit-mib", dest="mem_limit_mib", metavar="MIB",
+                      help="[mem_limit_mib] worker address-space cap above its baseline "
+                           "(0: MemAvailable*0.9)")
+    sett.add_argument("--err-rows", dest="err_rows", metavar="ROWS",
+                      help="[err_rows] query rows sampled for the error")
+    sett.add_argument("--rounds", metavar="R",
+                      help="[rounds] time each case in R rounds spread over the run "
+                           "(round 1 of every case, then round 2, ...): time_ms_spread shows "
+                           "drift between them")
     executors.add_args(p)
 
 
@@ -114,7 +152,10 @@ def overrides_from(args) -> dict:
     out = {}
     for dest, (key, typ) in _OVERRIDES.items():
         text = getattr(args, dest, None)
-        if text is not None:
+        if text is not None and dest == "variants":  # a name, or name(param=value, ...)
+            out[key] = [(lambda n, p: n if p is None else (n, p))(*split_setting(t))
+                        for t in split_variants(text)]
+        elif text is not None:
             out[key] = [_parse(t, typ, dest.rstrip("_")) for t in text.split(",") if t.strip()]
     for dest, (key, typ) in _SCALARS.items():
         text = getattr(args, dest, None)
@@ -178,6 +219,7 @@ def _rerun(argv: list[str] | None, run_id: str) -> str:
 def run_command(args) -> int:
     import_extra()  # variant modules (harness.cli.modules has loaded them), entry points
     source = args.config or args.preset or "quick"
+    check_preset(source)
     settings = executors.settings_from(args, mx.read_toml(source).get("executor"))
     if args.dry_run:
         return plan(source, overrides_from(args), settings.shards)
@@ -193,7 +235,7 @@ def run_command(args) -> int:
 
 
 def run_default() -> Path:
-    """The default job of `python run_bench.py`: the quick preset on CPU into results/."""
+    """The default job of `attnbench`: the quick preset on CPU into results/."""
     return run_matrix("quick", {"devices": ["cpu"]}, Path("results"), None)
 
 
@@ -247,6 +289,29 @@ def add_list_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true", help="include names starting with '_'")
     p.add_argument("--spec", metavar="NAME", help="print one variant's declared contract, "
                                                   "field by field")
+    p.add_argument("--wide", action="store_true",
+                   help="every column: backward, heads (the groupings it runs), parameters, "
+                        "extra inputs, why a device is out, paper "
+                        "(the default view fits 100 columns)")
+
+
+def _devices(m) -> tuple[str, str]:
+    """The devices a variant runs on (cpu, cuda; judged as if a CUDA device were here when
+    none is) at some dtype and causal setting, and why the others are out."""
+    ok, why = [], []
+    for device in ("cpu", "cuda"):
+        best = None
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for causal in (False, True):
+                r = m.unsupported_reasons(device=device, dtype=dtype, causal=causal,
+                                          seq_len=1024, head_dim=64)
+                r = [x for x in r if "no cuda device here" not in x.lower()]
+                best = r if best is None or len(r) < len(best) else best
+        if best:
+            why.append(f"{device}: {best[0]}")
+        else:
+            ok.append(device)
+    return ",".join(ok) or "-", "; ".join(why) or "-"
 
 
 def list_command(args) -> int:
@@ -261,17 +326,31 @@ def list_command(args) -> int:
     rows = []
     for name in variants.names(private=args.all):
         s = variants.spec(name)
+        m = variants.build(name)
         params = ", ".join(f"{p.name}={p.default!r}" + _constraint(p) for p in s.params) or "-"
         exact = "exact" if s.exact else ("pattern" if s.pattern_exact else "approx")
-        exact = exact if s.err_ref == "softmax" else f"no ({s.err_ref})"
-        exact = f"{exact} (reference ceiling)" if s.reference_ceiling else exact
+        exact = exact if s.err_ref == "softmax" else "own ref"
+        exact = "ceiling" if s.reference_ceiling else exact
         causal = "only" if s.causal_only else ("yes" if s.supports_causal else "no")
         inputs = "; ".join(f"{i.name} {i.shape_text} {i.range_text}" for i in s.inputs) or "-"
-        rows.append([name, s.family, exact, causal, "yes" if s.supports_backward else "no",
-                     s.grouping.describe(), params, inputs, s.origin, s.paper])
-    print(tabulate(rows, headers=["variant", "family", "exact", "causal", "backward",
-                                  "heads", "parameters (defaults)", "inputs beyond q, k, v",
-                                  "origin", "paper"]))
+        devices, why = _devices(m)
+        decode = "no" if m.decode_reasons() else "yes"
+        rows.append([name, s.family, exact, causal, decode, devices, s.origin,
+                     "yes" if s.supports_backward else "no", s.grouping.describe(), params,
+                     inputs, why, s.paper])
+    headers = ["variant", "family", "exact", "causal", "decode", "devices", "origin",
+               "backward", "heads", "parameters (defaults)", "inputs beyond q, k, v",
+               "devices out", "paper"]
+    keep = len(headers) if args.wide else 7
+    table = [headers[:keep], None, *(r[:keep] for r in rows)]  # None: the rule
+    widths = [max(len(r[i]) for r in table if r) for i in range(keep)]
+    for r in table:
+        cells = ["-" * w for w in widths] if r is None else [c.ljust(w) for c, w in zip(r, widths)]
+        print("  ".join(cells).rstrip())
+    if not args.wide:
+        print("exact: exact softmax, pattern (exact on a key pattern), approx, own ref (error "
+              "against its own\nfloat64 recurrence), ceiling (an oracle bound); --wide: "
+              "backward, heads, parameters, inputs, paper")
     return 0
 
 

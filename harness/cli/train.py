@@ -1,4 +1,4 @@
-"""The `train` command of run_bench.py: trained recall quality per variant.
+"""The `train` command of attnbench: trained recall quality per variant.
 
 Checks the whole training matrix before anything is trained or written (every problem on
 one line, exit 2), then trains it into <results-dir>/<run-id>/train.csv, serially here or
@@ -38,9 +38,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                           "recall frontier on two MQAR settings, two seeds, raced rates; "
                           "planned within 90 minutes), mad-cpu (MQAR and MAD's tasks), "
                           "train-gpu (Zoology's Figure 2 grid), hybrid-cpu (layer patterns: "
-                          "linear mixers with full attention at 4:0, 3:1, 1:1), hybrid-gpu")
+                          "linear mixers with full attention at 4:0, 3:1, 1:1), hybrid-gpu, lm-cpu and "
+                          "lm-gpu (bits per byte on real text), state-cpu (parity)")
     src.add_argument("--config", default=None, help="a training matrix .toml of your own")
-    p.add_argument("--results-dir", default="results", type=Path)
+    p.add_argument("--results-dir", default="results", type=Path,
+                   help="where the sweep's folder goes (default: results)")
     p.add_argument("--run-id", default=None,
                    help="folder name under --results-dir (default: a UTC timestamp); a sweep "
                         "of the same matrix there is resumed; the folder may hold a `run`")

@@ -68,7 +68,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     for key, (typ, _) in _FLAGS.items():
         g.add_argument("--" + key.replace("_", "-"), dest=key, default=None,
                        help={"slurm_time": "time limit per job, minutes (slurm default 60; local: "
-                                            "none unless given)"}.get(key))
+                                            "none unless given)",
+                             "slurm_partition": "the Slurm partition (sbatch --partition)",
+                             "slurm_gpus_per_node": "GPUs per job (sbatch --gpus-per-node)",
+                             "slurm_cpus_per_task": "CPUs per job (sbatch --cpus-per-task)",
+                             "slurm_mem_gb": "memory per job, GB (sbatch --mem)",
+                             "slurm_account": "the account charged (sbatch --account)",
+                             "slurm_constraint": "node features (sbatch --constraint)"}[key])
     g.add_argument("--slurm-opt", dest="slurm_opt", action="append", default=None,
                    metavar="KEY[=VALUE]",
                    help="any other sbatch option, e.g. qos=high or exclusive (repeatable)")

@@ -1,4 +1,4 @@
-"""Drift inside a real model (`run_bench.py model`): each variant swapped into a
+"""Drift inside a real model (`attnbench model`): each variant swapped into a
 pretrained model through transformers' AttentionInterface and compared with the model
 under exact attention on the same token windows.
 

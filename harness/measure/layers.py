@@ -10,7 +10,7 @@ case's module with `build(case)`, so a pattern never reaches `variants.build` as
 the decode pass steps `of(module)`, the layers, in turn.
 
 A pattern is a model's layers: it is measured per generated token in the decode pass and
-trained by `run_bench.py train`; its forward passes are not cases of their own
+trained by `attnbench train`; its forward passes are not cases of their own
 (FORWARD_REASON), and its decode row has no single reference (NO_REFERENCE).
 """
 

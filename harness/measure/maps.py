@@ -14,7 +14,7 @@ for ten variants, and a JSON `meta` saying what they are. The report
 `write(folder, cases)` does this after a run for the run's own variants: every distinct
 (family, parameters) of the non-exact ones, first setting first (a library kernel with
 our parameters draws our map again and is left out), on the first captured input of the
-run at the length nearest 512, non-causal unless every case was causal. `run_bench.py
+run at the length nearest 512, non-causal unless every case was causal. `attnbench
 maps` calls `compute` for a head, length and variants of the user's choosing.
 """
 

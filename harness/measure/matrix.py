@@ -221,18 +221,22 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
     overrides = dict(overrides or {})
     narrow = overrides.pop("variants", None)
     ov = _check_group(overrides, "command line", errors, inputs)
-    full = []
+    full, acausal = [], []  # acausal: the groups that decode non-causally
     for i, g in enumerate(groups):
         g = {**{k: d for k, (d, _) in _KEYS.items()}, **g, **ov}
         g["variants"] = _resolve_variants(g["variants"], g["params"], f"groups[{i}]", errors)
         if "decode" in g["passes"] and False in g["causal"]:
-            errors.append(f"groups[{i}]: passes = [\"decode\"] generates tokens causally: it "
-                          "needs causal = [true] (put decode in a group of its own)")
+            acausal.append(i)
         full.append(g)
     for g in full:  # at the default the matrix reads as before (old folders resume)
         for f in SHAPE_FIELDS:
             if g[f] == [None]:
                 del g[f]
+    if acausal:  # one message, however many groups
+        where = ("command line" if {"passes", "causal"} & set(ov)
+                 else f"groups[{', '.join(map(str, acausal))}]")
+        errors.append(f"{where}: passes = [\"decode\"] generates tokens causally: it needs "
+                      "causal = [true] (--causal true; put decode in a group of its own)")
     if narrow is not None:
         narrow_variants(full, narrow, errors)
     if errors:  # top-level keys are checked once per group: report each problem once
@@ -246,7 +250,9 @@ def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTION
     out = {}
     for key, value in table.items():
         if key not in _KEYS:
-            errors.append(f"{where}: unknown key {key!r}; allowed: {', '.join(_KEYS)}, groups")
+            top = ", captures, modules, executor" if where == "top level" else ""
+            errors.append(f"{where}: unknown key {key!r}; allowed: {', '.join(_KEYS)}, "
+                          f"groups{top}")
             continue
         kind = _KEYS[key][1]
         if kind.startswith("list:"):
@@ -285,10 +291,34 @@ def narrow_variants(groups: list[dict], narrow, errors: list[str]) -> None:
     that is not registered, or not in the matrix, is an error, except a variant from
     outside the package (a variant module, an entry point): it joins every group with its
     defaults, so that a preset's settings run on one's own variant; and a layer pattern,
-    which joins every group with each mixer on that group's settings of it."""
-    wanted = [n.strip() for n in narrow if n.strip()]
+    which joins every group with each mixer on that group's settings of it. An entry
+    (name, params) (`--variants 'name(param=value)'`) keeps that variant at that setting
+    (its other settings replaced) in every group that has it, or in every group when none
+    has it."""
     present = {n for g in groups for n in g["variants"]}
+    given: dict[str, list[str]] = {}  # name -> the settings given with it
+    for item in narrow:
+        if isinstance(item, str):
+            continue
+        n, params = item
+        if stack.is_pattern(n) or n not in variants.names(private=True):
+            errors.append(f"unknown variant {n!r}; registered: {', '.join(variants.names())}")
+            continue
+        try:
+            full = json.dumps(variants.stored_params(n, **params), sort_keys=True)
+        except ValueError as e:
+            errors.append(str(e))
+            continue
+        given.setdefault(n, []).append(full)
+    for n, settings in given.items():
+        for g in groups:
+            if n in g["variants"] or n not in present:
+                g["variants"][n] = list(dict.fromkeys(settings))
+    wanted = [(n if isinstance(n, str) else n[0]).strip() for n in narrow]
+    wanted = [n for n in wanted if n]
     for n in wanted:
+        if n in given:
+            continue
         if stack.is_pattern(n):
             if n not in present:  # a stack joins every group, its mixers on its settings
                 for g in groups:
@@ -441,13 +471,18 @@ def _captured_grouping(dist: str, info, asked: tuple, errors: list[str]) -> tupl
     return None, None, None
 
 
+def is_training(raw: dict) -> bool:
+    """Whether a raw TOML table is a training matrix (harness.train.matrix), not a benchmark."""
+    return bool({"task", "lrs", "d_model", "max_steps"} & set(raw))
+
+
 def load(source: str, overrides: dict | None = None) -> tuple[dict, list[Case]]:
     """Read, check and expand a preset or TOML file: (normalised matrix, cases)."""
     raw = read_toml(source)
     raw.pop("executor", None)  # how to run it (harness.cluster.executors), not part of what is run
     raw.pop("modules", None)  # variant modules to import (harness.cli.modules), loaded before
-    if {"task", "lrs", "d_model", "max_steps"} & set(raw):
-        raise UsageError(f"{source} is a training matrix (for `run_bench.py train`), not a "
+    if is_training(raw):
+        raise UsageError(f"{source} is a training matrix (for `attnbench train`), not a "
                          "benchmark matrix")
     matrix = normalise(raw, overrides)
     return matrix, expand(matrix)

@@ -1,7 +1,7 @@
 """The attention-map grid: exact attention's weights on one head, then each variant's, and
 beside each its |difference| from exact, on one shared logarithmic colour scale.
 
-Reads <run>/maps.npz (harness.files.MAPS; written after a run or by `run_bench.py maps`),
+Reads <run>/maps.npz (harness.files.MAPS; written after a run or by `attnbench maps`),
 never computes: the maps, their differences (taken at full resolution when they were
 made) and each variant's row cosine are in the file. Negative weights (Linformer's
 Gaussian projection, Nyström's pseudo-inverse) are drawn by magnitude; the title then
@@ -138,7 +138,7 @@ def maps_blocks(run_dir: Path) -> list[tuple]:
     blocks: list[tuple] = [("h", 2, "Attention maps")]
     if not path.is_file():
         return blocks + [("p", f"No {MAPS} in this run folder (`run` writes it after the "
-                               "run's last case; `run_bench.py maps` draws any head).")]
+                               "run's last case; `attnbench maps` draws any head).")]
     meta, arrays = load(path)
     png = draw(meta, arrays, Path(run_dir) / "plots" / "attention_maps.png")
     skipped = [f"{r['label']}: {r['reason']}" for r in meta["variants"] if r["status"] != "ok"]

@@ -1,4 +1,4 @@
-"""Trained quality (`run_bench.py train`): can a small model built on each variant learn
+"""Trained quality (`attnbench train`): can a small model built on each variant learn
 to recall? A model (embedding, a short causal convolution, the variant as the sequence
 mixer, a tied head) is trained per configuration on a synthetic task, into train.csv.
 

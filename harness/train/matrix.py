@@ -417,7 +417,7 @@ def load(source: str, overrides: dict | None = None) -> tuple[dict, list[TrainCo
     raw.pop("modules", None)  # variant modules to import (harness.cli.modules), loaded before
     raw.pop("workers", None)  # how many at once (sweep_workers), likewise
     if _BENCHMARK_ONLY & set(raw):  # a preset of `run` handed to `train`: say so, in short
-        raise UsageError(f"{source} is a benchmark matrix (for `run_bench.py run`); `train` "
+        raise UsageError(f"{source} is a benchmark matrix (for `attnbench run`); `train` "
                          "takes a training matrix: train-quick, train-cpu, mad-cpu, "
                          "hybrid-cpu, lm-cpu, state-cpu, train-gpu or a file like them")
     matrix = normalise(raw, overrides)

@@ -24,7 +24,7 @@ the window and the causal flag are tensors, so another window or causal reuses i
 `prepare` compiles by running the case's pass once (`prepare_calls = 1`), so the
 harness's `compile_ms` is prepare's time less one steady-state call: the compile, for
 the first case of a kernel in a worker process, and building the BlockMask once the
-kernel exists. Measured (CPU, H = 4, D = 64, `python run_bench.py run --preset cpu
+kernel exists. Measured (CPU, H = 4, D = 64, `attnbench run --preset cpu
 --variants sliding_window_flex --seq-lens 4096,8192 --pass forward --inputs gaussian
 --causal false`): 8,464 ms at N = 4096 (the compile), 20 ms at N = 8192; without the
 subtraction the N = 8192 figure read 54 ms beside a time_ms of 63 ms, about one call.

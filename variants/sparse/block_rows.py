@@ -13,7 +13,7 @@ k, v, the output and one log-sum-exp per query; the backward recomputes each row
 scores, P = exp(S - lse), and forms dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)),
 dQ = dS K, dK = dS^T Q, adding into the key blocks' gradients. Plain autograd would keep
 every row's gathered keys, values and probabilities: the forward+backward peak at
-N = 8192, H = 8, D = 64 read 504 MiB that way and 176 MiB this way (`python run_bench.py
+N = 8192, H = 8, D = 64 read 504 MiB that way and 176 MiB this way (`attnbench
 run --preset scaling`, results/scaling-h8-v3 against the same preset at commit 6b3ab61).
 """
 
