@@ -23,13 +23,13 @@ point in the group `attnbench.variants` (`load_entry_points`).
 from .core import (WEIGHTS_MAX_N, Contract, ContractError, Grouping, Shape, expand_heads,
                    KeyMask, ModuleError, ParamSpec, Variant, VariantSpec, build, dense_mask,
                    exact_reference, load_entry_points, load_module, loaded_modules, make_params,
-                   naive_attention, names, origin, param, register, softmax_weights, spec,
-                   stored_params)
+                   naive_attention, names, origin, param, per_token, register, softmax_weights,
+                   spec, stored_params)
 
 __all__ = ["WEIGHTS_MAX_N", "Contract", "ContractError", "Grouping", "Shape", "expand_heads",
            "KeyMask", "ModuleError", "ParamSpec", "Variant", "VariantSpec", "build",
            "dense_mask", "exact_reference", "load_entry_points", "load_module",
-           "loaded_modules", "make_params", "naive_attention", "names", "origin", "param",
+           "loaded_modules", "make_params", "naive_attention", "names", "origin", "param", "per_token",
            "register", "softmax_weights", "spec", "stored_params"]
 
 # The families, in registration order; importing a package registers its variants.

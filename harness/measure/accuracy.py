@@ -52,7 +52,9 @@ def error(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     N = q.shape[-2]
     rows = sample_rows(N, max_rows, seed)
     if reference is None:
-        ref = variants.exact_reference(q.detach(), k.detach(), v.detach(), causal, rows=rows)
+        sinks = (inputs or {}).get("sinks")  # gpt-oss's sinks: softmax with their column
+        ref = variants.exact_reference(q.detach(), k.detach(), v.detach(), causal, rows=rows,
+                                       sinks=None if sinks is None else sinks.detach())
     else:
         with torch.no_grad():
             ref = reference(q.detach(), k.detach(), v.detach(), causal,
@@ -104,12 +106,17 @@ class DecodeReference:
         self.num = self.num * scale + p @ v.detach().double()
         self.top = top
 
-    def finish(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Add the T new tokens' own keys and values, causally; the (B, H, T, D) reference."""
+    def finish(self, k: torch.Tensor, v: torch.Tensor,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """Add the T new tokens' own keys and values, causally; the (B, H, T, D) reference.
+        sinks: a logit a head (H,) in every row's denominator (gpt-oss's sinks)."""
         T = k.shape[-2]
         t = torch.arange(T, device=k.device)
         self.add(k, v, allowed=t[None, :] <= t[:, None])
-        return self.num / self.den
+        if sinks is None:
+            return self.num / self.den
+        sink = sinks.detach().double().to(self.den.device).view(1, -1, 1, 1)
+        return self.num / (self.den + (sink - self.top).exp())
 
 
 def decode_error(o: torch.Tensor, ref: torch.Tensor) -> Error:

@@ -49,7 +49,7 @@ import torch
 
 from harness.measure import accuracy, layers, memory, timing
 from harness.measure.inputs import make_inputs
-from variants import expand_heads
+from variants import expand_heads, per_token
 
 CHUNK = 8192
 _NEW_TOKENS_SEED = 999_983
@@ -99,7 +99,7 @@ def prefill(case, module, dtype, device, reference=None, layer=0):
     if not module.has_extend():  # one prefill of the whole context
         ks, vs, ins = zip(*((k, v, i) for _, k, v, i in chunks))
         k, v = torch.cat(ks, dim=-2), torch.cat(vs, dim=-2)
-        inputs = {n: torch.cat([i[n] for i in ins], dim=2) for n in ins[0]}
+        inputs = {n: _joined(module, n, [i[n] for i in ins]) for n in ins[0]}
         del ks, vs, ins
         _sync(device)
         start = time.perf_counter()
@@ -116,6 +116,16 @@ def prefill(case, module, dtype, device, reference=None, layer=0):
         _sync(device)
         spent += time.perf_counter() - start
     return state, spent
+
+
+def _per_token(module, name: str) -> bool:
+    """Whether the declared input `name` has one value a token (gates: cut and joined with
+    the tokens) or not (a sink a head: the same whole tensor in every piece)."""
+    return next((per_token(s) for s in module.contract.inputs if s.name == name), True)
+
+
+def _joined(module, name, pieces):
+    return torch.cat(pieces, dim=2) if _per_token(module, name) else pieces[0]
 
 
 def _fed(chunks, reference):
@@ -150,7 +160,7 @@ class SoftmaxReference:
         self.ref.add(k, v)
 
     def finish(self, q, k, v, inputs):
-        return self.ref.finish(k, v)
+        return self.ref.finish(k, v, sinks=inputs.get("sinks"))
 
 
 def tokens(module, q, k, v, inputs) -> list[tuple]:
@@ -158,8 +168,10 @@ def tokens(module, q, k, v, inputs) -> list[tuple]:
     (`Variant.check_tokens`: what `step` checks on every token) and sliced before any
     timing, so that the timed loop holds the steps and nothing else."""
     module.check_tokens(q, k, v, **inputs)
+    cut = {n: _per_token(module, n) for n in inputs}
     return [(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1],
-             {n: x[:, :, t:t + 1] for n, x in inputs.items()}) for t in range(q.shape[-2])]
+             {n: x[:, :, t:t + 1] if cut[n] else x for n, x in inputs.items()})
+            for t in range(q.shape[-2])]
 
 
 def steps(mods, states, toks):

@@ -22,15 +22,17 @@ from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
 from .ops import (Workspace, compute_dtype, exp_, softmax_, softmax_logsumexp,
                   softmax_lse_)
 from .modules import ModuleError, load_entry_points, load_module, loaded_modules
-from .reference import dense_mask, exact_reference, naive_attention, softmax_weights
+from .reference import attend_row, dense_mask, exact_reference, naive_attention, softmax_weights
+from .sinks import SINKS, Sinks, per_token, sink_grad, sink_param, sinked
 from .registry import (ParamSpec, VariantSpec, build, make_params, names, origin, register,
                        spec, stored_params)
 
-__all__ = ["CacheDecoder", "Contract", "ContractError", "Grouping", "Shape", "expand_heads",
+__all__ = ["attend_row", "CacheDecoder", "Contract", "ContractError", "Grouping", "Shape", "expand_heads",
            "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec", "RingKV",
            "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build", "check_qkv",
            "compute_dtype", "dense_mask", "exact_reference", "exp_", "load_entry_points",
            "load_module", "loaded_modules", "make_params", "ModuleError", "naive_attention",
+           "SINKS", "Sinks", "per_token", "sink_grad", "sink_param", "sinked",
            "names", "origin", "param", "register", "softmax_", "softmax_logsumexp",
            "softmax_lse_", "softmax_scale", "softmax_weights", "spec",
            "stored_params"]

@@ -33,7 +33,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..core import DecodeState, softmax_, softmax_scale
+from ..core import DecodeState, sinked, softmax_, softmax_scale
 
 # Dtypes whose scores the three passes keep in the cache's own dtype.
 _OWN_DTYPE = (torch.float32, torch.float64)
@@ -46,6 +46,28 @@ _RENORM_FROM = 1 << 20
 # process holds a core each region waits for it (at 16K-64K tokens on a busy machine the
 # loop's calls cost more than they saved).
 _MV_FROM = 1 << 24
+
+
+# Keys a piece of a split p V product holds at least (`_split_pv`).
+_SPLIT_MIN = 4096
+
+
+def _split_pv(Vt: torch.Tensor, s: torch.Tensor, pieces: int) -> torch.Tensor:
+    """(g, Dv) = s V for one cached head, Vt (Dv, n) strided, s (g, n): the n keys cut into
+    `pieces` equal runs, one batched product over them (one run a thread), then summed.
+    One head's p V is one matrix product whose long dimension is the sum over n keys,
+    which BLAS runs on one thread: a grouped or single-head cache (B = 1, one key-value
+    head) would otherwise stream on one core."""
+    Dv, n = Vt.shape
+    g = s.shape[0]
+    m = n // pieces
+    n0 = m * pieces
+    V = Vt[:, :n0].unflatten(1, (pieces, m)).permute(1, 0, 2)  # (pieces, Dv, m), a view
+    P = s[:, :n0].unflatten(1, (pieces, m)).permute(1, 2, 0)  # (pieces, m, g), a view
+    o = torch.bmm(V, P).sum(dim=0)  # (Dv, g)
+    if n0 < n:
+        o += Vt[:, n0:] @ s[:, n0:].transpose(0, 1)
+    return o.transpose(0, 1)  # (g, Dv)
 
 
 @dataclasses.dataclass
@@ -101,13 +123,24 @@ class ExactCache(DecodeState):
     def rewind(self, mark: int) -> None:
         self.n = mark  # later tokens are overwritten by the next writes
 
-    def attend(self, q: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """The row of one query q (B, Hq, 1, D) over the n cached tokens of the Hk heads it
         holds (query head h reads head h // (Hq / Hk): grouped keys, never repeated):
-        (B, Hq, 1, Dv)."""
+        (B, Hq, 1, Dv). sinks: a logit per query head (Hq,) in the row's denominator
+        (gpt-oss's sinks), applied to the output from the row's log-sum-exp."""
         if not self.transposed:
-            return F.scaled_dot_product_attention(q, self.keys(), self.values(),
-                                                  enable_gqa=q.shape[1] != self.k.shape[1])
+            if sinks is None:
+                return F.scaled_dot_product_attention(q, self.keys(), self.values(),
+                                                      enable_gqa=q.shape[1] != self.k.shape[1])
+            # The g query heads of a cached head as g rows of one head: no repeat; the
+            # fused CPU kernel returns the rows' log-sum-exp for the sink.
+            B, Hq, _, D = q.shape
+            H = self.k.shape[1]
+            o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q.reshape(B, H, Hq // H, D), self.keys(), self.values(), 0.0, False,
+                scale=softmax_scale(D))
+            o = o.reshape(B, Hq, 1, -1)
+            return sinked(o, lse.reshape(B, Hq, 1, 1), sinks)[0]
         B, Hq, _, D = q.shape
         H, Dv, n = self.k.shape[1], self.v.shape[-2], self.n
         g = Hq // H  # query rows a cached head serves
@@ -118,7 +151,20 @@ class ExactCache(DecodeState):
         s = self.scores[:B * Hq * n].view(B * H, g, n)  # contiguous, written in place
         torch.baddbmm(s, q.reshape(B * H, g, D), K.transpose(1, 2), beta=0,
                       alpha=softmax_scale(D), out=s)  # q K^T / sqrt(D), one call
+        top = s.amax(dim=-1) if sinks is not None else None  # (B H, g)
         softmax_(s)  # aten's fused kernel: one parallel region, its sum in SIMD lanes
+        o = self._weighted(q, s, Vt)  # (B, Hq, 1, Dv)
+        if sinks is None:
+            return o
+        # The row's log-sum-exp from its largest score and weight: max(s) - log(max(p)).
+        lse = top.sub_(s.amax(dim=-1).log_()).view(B, Hq, 1, 1)
+        return sinked(o, lse, sinks)[0]
+
+    def _weighted(self, q: torch.Tensor, s: torch.Tensor, Vt: torch.Tensor) -> torch.Tensor:
+        """p V for the weights s (B H, g, n) over the values Vt (B H, Dv, n): (B, Hq, 1, Dv)."""
+        B, Hq = q.shape[:2]
+        BH, g, n = s.shape
+        Dv = Vt.shape[1]
         if n * Dv < _RENORM_FROM:  # a short row: few calls matter more than the lanes' drift
             o = torch.bmm(Vt, s.transpose(1, 2))  # (B H, Dv, g)
             return o.transpose(1, 2).reshape(B, Hq, 1, Dv)
@@ -126,10 +172,13 @@ class ExactCache(DecodeState):
         # against float64); torch.sum's cascade sum of the weights gives the row's sum
         # again, and the output is divided by it (one more read of the weights).
         den = s.sum(dim=-1)  # (B H, g), 1 to rounding
-        if n * Dv < _MV_FROM or g > 1:
+        pieces = torch.get_num_threads() if BH == 1 and g > 1 else 1
+        if pieces > 1 and n >= pieces * _SPLIT_MIN:
+            o = _split_pv(Vt[0], s[0], pieces).unsqueeze(0)  # (1, g, Dv)
+        elif n * Dv < _MV_FROM or g > 1:
             o = torch.bmm(Vt, s.transpose(1, 2)).transpose(1, 2)  # (B H, g, Dv)
         else:
-            o = q.new_empty(B * H, 1, Dv)
-            for i in range(B * H):  # one matrix-vector product a head: BLAS's gemv
+            o = q.new_empty(BH, 1, Dv)
+            for i in range(BH):  # one matrix-vector product a head: BLAS's gemv
                 torch.mv(Vt[i], s[i, 0], out=o[i, 0])
         return o.div_(den[..., None]).reshape(B, Hq, 1, Dv)

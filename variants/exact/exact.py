@@ -5,6 +5,7 @@ softmax(q k^T / sqrt(D)) v (Vaswani et al. 2017, https://arxiv.org/abs/1706.0376
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import sys
@@ -12,9 +13,15 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..core import (CacheDecoder, Contract, Grouping, Variant, naive_attention, register,
-                    softmax_scale)
+from ..core import (CacheDecoder, Contract, Grouping, Sinks, Variant, naive_attention,
+                    register, sink_param, softmax_scale)
 from .cache import ExactCache
+from .sink_sdpa import sink_sdpa
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkParams:
+    sink: bool = sink_param()
 
 
 class _Exact(CacheDecoder, Variant):
@@ -42,31 +49,33 @@ class _Exact(CacheDecoder, Variant):
             return super().state_size_at(N, s)
         return s.Hk * N * (s.D + s.Dv)  # one cache per key-value head
 
-    def decode_prefill(self, k, v, max_len):
+    def decode_prefill(self, k, v, max_len, sinks=None):
         return ExactCache.prefill(k, v, max_len)  # preallocated, written in place per token
 
-    def decode_step(self, state, q, k, v):
+    def decode_step(self, state, q, k, v, sinks=None):
         """One exact decoder for every exact variant (`cache.py`): a query row has nothing
-        for a fused kernel to fuse, and its time is the read of the cache."""
+        for a fused kernel to fuse, and its time is the read of the cache. sinks: a sink
+        logit per query head (sink = true), in the row's denominator."""
         state.extend(k, v)
-        return state.attend(q), state
+        return state.attend(q, sinks), state
 
 
 @register
-class Standard(_Exact):
+class Standard(Sinks, _Exact):
     """Exact attention with the full N x N score matrix materialised (the plain form)."""
     name = "standard"
+    Params = SinkParams
 
     def memory_bytes(self, B, H, N, D, dtype, backward=False):
         # scores and probabilities, N x N each; backward keeps them and adds their grads.
         nxn = B * H * N * N * torch.finfo(dtype).bits // 8
         return (4 if backward else 2) * nxn
 
-    def attend(self, q, k, v, causal):
+    def attend(self, q, k, v, causal, sinks=None):
         B, Hq, N, D = q.shape
         Hk = k.shape[1]
         if Hk == Hq:
-            return naive_attention(q, k, v, causal)
+            return naive_attention(q, k, v, causal, sinks=sinks)
         # Grouped keys: the g = Hq / Hk query heads of key-value head kv as one (g N)-row
         # block against its keys (row r is the query at position r % N), never repeated.
         qg = q.reshape(B, Hk, Hq // Hk * N, D)
@@ -74,19 +83,37 @@ class Standard(_Exact):
         if causal:
             pos = torch.arange(qg.shape[-2], device=q.device) % N
             s.masked_fill_(torch.arange(N, device=q.device) > pos[:, None], float("-inf"))
-        return (torch.softmax(s, dim=-1) @ v).reshape(B, Hq, N, v.shape[-1])
+        if sinks is not None:  # row r of key-value head kv is query head kv g + r // N's
+            col = sinks.to(s.dtype).view(1, Hk, Hq // Hk, 1, 1).expand(B, Hk, Hq // Hk, N, 1)
+            p = torch.softmax(torch.cat([s, col.reshape(B, Hk, Hq // Hk * N, 1)], dim=-1),
+                              dim=-1)[..., :-1]
+        else:
+            p = torch.softmax(s, dim=-1)
+        return (p @ v).reshape(B, Hq, N, v.shape[-1])
 
 
 @register
-class SDPA(_Exact):
+class SDPA(Sinks, _Exact):
     """Exact attention by torch.nn.functional.scaled_dot_product_attention (fused kernels)."""
     name = "sdpa"
     paper = "https://arxiv.org/abs/2205.14135"
+    Params = SinkParams
     # Values of their own width: its CPU kernels take Dv != Dk only on the math path,
     # which repeats grouped keys and values (the kit's groupings property caught it).
     contract = _Exact.contract.but(grouping=Grouping("kv", "native"))
 
-    def attend(self, q, k, v, causal):
+    def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
+        if self.params.sink and device.type != "cpu":
+            return [f"sdpa with sink = true runs torch's fused CPU kernel, which returns "
+                    f"each row's log-sum-exp; none is wired for {device.type} here"]
+        return []
+
+    def attend(self, q, k, v, causal, sinks=None):
+        if sinks is not None:  # the fused CPU kernel takes equal heads: grouped keys repeated
+            if k.shape[1] != q.shape[1]:
+                g = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            return sink_sdpa(q, k, v, sinks, causal)
         # enable_gqa: query head h reads key-value head h // (Hq / Hk), never repeated.
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                               enable_gqa=k.shape[1] != q.shape[1])
