@@ -48,28 +48,6 @@ _RENORM_FROM = 1 << 20
 _MV_FROM = 1 << 24
 
 
-# Keys a piece of a split p V product holds at least (`_split_pv`).
-_SPLIT_MIN = 4096
-
-
-def _split_pv(Vt: torch.Tensor, s: torch.Tensor, pieces: int) -> torch.Tensor:
-    """(g, Dv) = s V for one cached head, Vt (Dv, n) strided, s (g, n): the n keys cut into
-    `pieces` equal runs, one batched product over them (one run a thread), then summed.
-    One head's p V is one matrix product whose long dimension is the sum over n keys,
-    which BLAS runs on one thread: a grouped or single-head cache (B = 1, one key-value
-    head) would otherwise stream on one core."""
-    Dv, n = Vt.shape
-    g = s.shape[0]
-    m = n // pieces
-    n0 = m * pieces
-    V = Vt[:, :n0].unflatten(1, (pieces, m)).permute(1, 0, 2)  # (pieces, Dv, m), a view
-    P = s[:, :n0].unflatten(1, (pieces, m)).permute(1, 2, 0)  # (pieces, m, g), a view
-    o = torch.bmm(V, P).sum(dim=0)  # (Dv, g)
-    if n0 < n:
-        o += Vt[:, n0:] @ s[:, n0:].transpose(0, 1)
-    return o.transpose(0, 1)  # (g, Dv)
-
-
 @dataclasses.dataclass
 class ExactCache(DecodeState):
     """Keys (B, H, L, D) and values, L = max_len, the first `n` tokens written; the values
@@ -172,10 +150,7 @@ class ExactCache(DecodeState):
         # against float64); torch.sum's cascade sum of the weights gives the row's sum
         # again, and the output is divided by it (one more read of the weights).
         den = s.sum(dim=-1)  # (B H, g), 1 to rounding
-        pieces = torch.get_num_threads() if BH == 1 and g > 1 else 1
-        if pieces > 1 and n >= pieces * _SPLIT_MIN:
-            o = _split_pv(Vt[0], s[0], pieces).unsqueeze(0)  # (1, g, Dv)
-        elif n * Dv < _MV_FROM or g > 1:
+        if n * Dv < _MV_FROM or g > 1:
             o = torch.bmm(Vt, s.transpose(1, 2)).transpose(1, 2)  # (B H, g, Dv)
         else:
             o = q.new_empty(BH, 1, Dv)
