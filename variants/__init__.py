@@ -29,8 +29,8 @@ from .core import (WEIGHTS_MAX_N, Contract, ContractError, Grouping, Shape, expa
 __all__ = ["WEIGHTS_MAX_N", "Contract", "ContractError", "Grouping", "Shape", "expand_heads",
            "KeyMask", "ModuleError", "ParamSpec", "Variant", "VariantSpec", "build",
            "dense_mask", "exact_reference", "load_entry_points", "load_module",
-           "loaded_modules", "make_params", "naive_attention", "names", "origin", "param", "per_token",
-           "register", "softmax_weights", "spec", "stored_params"]
+           "loaded_modules", "make_params", "naive_attention", "names", "origin", "param",
+           "per_token", "register", "softmax_weights", "spec", "stored_params"]
 
 # The families, in registration order; importing a package registers its variants.
 from . import exact  # noqa: E402,F401

@@ -22,12 +22,14 @@ from .interface import WEIGHTS_MAX_N, NoParams, Variant, param
 from .ops import (Workspace, compute_dtype, exp_, softmax_, softmax_logsumexp,
                   softmax_lse_)
 from .modules import ModuleError, load_entry_points, load_module, loaded_modules
-from .reference import attend_row, dense_mask, exact_reference, naive_attention, softmax_weights
+from .reference import (attend_row, dense_mask, exact_reference, naive_attention,
+                        softmax_sinked, softmax_weights)
 from .sinks import SINKS, Sinks, per_token, sink_grad, sink_param, sinked
 from .registry import (ParamSpec, VariantSpec, build, make_params, names, origin, register,
                        spec, stored_params)
 
-__all__ = ["attend_row", "CacheDecoder", "Contract", "ContractError", "Grouping", "Shape", "expand_heads",
+__all__ = ["attend_row", "CacheDecoder", "Contract", "ContractError", "Grouping", "Shape",
+           "expand_heads", "softmax_sinked",
            "DecodeState", "InputSpec", "KVCache", "KeyMask", "NoParams", "ParamSpec", "RingKV",
            "Variant", "VariantSpec", "WEIGHTS_MAX_N", "Workspace", "build", "check_qkv",
            "compute_dtype", "dense_mask", "exact_reference", "exp_", "load_entry_points",

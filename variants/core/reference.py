@@ -103,11 +103,7 @@ def softmax_weights(q: torch.Tensor, k: torch.Tensor, causal: bool = False, *,
     allowed = _allowed(keys[N - n:], keys, causal, key_mask)
     if allowed is not None:
         scores.masked_fill_(~allowed, float("-inf"))
-    if sinks is not None:
-        col = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
-        p = torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
-        return p.nan_to_num(0.0) if key_mask is not None else p
-    p = torch.softmax(scores, dim=-1)
+    p = softmax_sinked(scores, None if sinks is None else sinks.view(1, -1, 1, 1))
     if key_mask is not None:  # a pattern may leave a row without keys: 0 there
         p = p.nan_to_num(0.0)
     return p
@@ -123,12 +119,18 @@ def attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Hk = k.shape[1]
     r = Hq // Hk
     s = (q.reshape(B, Hk, r, D) * softmax_scale(D)) @ k.transpose(-1, -2)  # (B, Hk, r, n)
-    if sinks is not None:
-        col = sinks.to(s.dtype).view(1, Hk, r, 1).expand(B, Hk, r, 1)
-        p = torch.softmax(torch.cat([s, col], dim=-1), dim=-1)[..., :-1]
-    else:
-        p = torch.softmax(s, dim=-1)
+    p = softmax_sinked(s, None if sinks is None else sinks.view(1, Hk, r, 1))
     return (p @ v).reshape(B, Hq, 1, v.shape[-1])
+
+
+def softmax_sinked(scores: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last dim of `scores`; with `sink` (broadcastable to scores[..., :1]:
+    each row's sink logit), the sink as one more column, dropped after (gpt-oss's sinks).
+    Differentiable: autograd reaches the sinks."""
+    if sink is None:
+        return torch.softmax(scores, dim=-1)
+    col = sink.to(scores.dtype).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, col], dim=-1), dim=-1)[..., :-1]
 
 
 def dense_mask(N: int, causal: bool = False, key_mask: KeyMask | None = None,

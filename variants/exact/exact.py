@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import (CacheDecoder, Contract, Grouping, Sinks, Variant, naive_attention,
-                    register, sink_param, softmax_scale)
+                    register, sink_param, softmax_sinked, softmax_scale)
 from .cache import ExactCache
 from .sink_sdpa import sink_sdpa
 
@@ -83,13 +83,10 @@ class Standard(Sinks, _Exact):
         if causal:
             pos = torch.arange(qg.shape[-2], device=q.device) % N
             s.masked_fill_(torch.arange(N, device=q.device) > pos[:, None], float("-inf"))
-        if sinks is not None:  # row r of key-value head kv is query head kv g + r // N's
-            col = sinks.to(s.dtype).view(1, Hk, Hq // Hk, 1, 1).expand(B, Hk, Hq // Hk, N, 1)
-            p = torch.softmax(torch.cat([s, col.reshape(B, Hk, Hq // Hk * N, 1)], dim=-1),
-                              dim=-1)[..., :-1]
-        else:
-            p = torch.softmax(s, dim=-1)
-        return (p @ v).reshape(B, Hq, N, v.shape[-1])
+        # Row r of key-value head kv is query head kv g + r // N's: its sink.
+        sink = None if sinks is None else \
+            sinks.view(1, Hk, Hq // Hk, 1).repeat_interleave(N, dim=2)
+        return (softmax_sinked(s, sink) @ v).reshape(B, Hq, N, v.shape[-1])
 
 
 @register

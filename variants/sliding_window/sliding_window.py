@@ -184,7 +184,6 @@ class SlidingWindow(Sinks, CacheDecoder, Variant):
         super().__init__(params)
         self._masks = MaskCache()
 
-
     def key_mask(self, seq_len: int) -> KeyMask:
         return band_mask(self.params.window)
 
