@@ -38,9 +38,9 @@ def test_every_variant_declares_a_frozen_contract_and_spec_reads_it():
 
 
 def test_the_natively_grouped_variants_declare_it():
-    for name in ("standard", "sdpa"):
+    for name in ("standard", "sdpa", "sliding_window"):
         assert variants.spec(name).grouping == Grouping("kv", "native",
-                                                         value_dim=name == "standard")
+                                                         value_dim=name != "sdpa")
     for name in ("gated_deltanet", "kda", "mamba2"):
         assert variants.spec(name).grouping.heads == "value"
     assert not [n for n in variants.names() if variants.spec(n).grouping.how == "refuse"
@@ -265,8 +265,24 @@ class _RepeatedCache(type(variants.build("sdpa"))):
                                    v.repeat_interleave(g, 1))
 
 
+class _RepeatedKeys(Variant):
+    """Right answers, but the keys and values repeated to one head per query head while
+    declaring native grouping: the repeat watch's planted bug."""
+    name, family, paper = "_repeated_keys", "test", "https://arxiv.org/abs/1706.03762"
+    contract = Contract(exactness="exact", grouping=Grouping("kv", "native"))
+
+    def attend(self, q, k, v, causal):
+        g = q.shape[1] // k.shape[1]
+        return variants.naive_attention(q, k.repeat_interleave(g, 1),
+                                        v.repeat_interleave(g, 1), causal)
+
+    def flops(self, B, H, N, D, causal=False):
+        return 4 * B * H * N * N * D
+
+
 @pytest.mark.parametrize("cls,words", [(_TiledKeys, "differs from its own call"),
-                                       (_RepeatedCache, "it repeats the shared heads")])
+                                       (_RepeatedCache, "it repeats the shared heads"),
+                                       (_RepeatedKeys, "it repeats them")])
 def test_the_kit_fails_a_planted_grouping_bug(cls, words):
     register(cls)
     try:
@@ -275,6 +291,14 @@ def test_the_kit_fails_a_planted_grouping_bug(cls, words):
         registry._REGISTRY.pop(cls.name, None)
         registry._ORIGIN.pop(cls.name, None)
     assert r.status == "fail" and words in r.detail, r.line()
+
+
+def test_a_band_wider_than_the_sequence_is_native_not_a_repeat():
+    """sliding_window's default window (256) at the kit's N = 40: its padded spans are
+    larger than one key head per query head, yet grow with the key-value heads only."""
+    r = kit.run_property(groupings.groupings, "sliding_window")
+    assert r.status == "pass" and "kv native" in r.detail and "kv_heads 1" in r.detail, \
+        r.line()
 
 
 # -- a variant of one's own, from docs/variants.md alone --------------------------------

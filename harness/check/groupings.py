@@ -14,7 +14,9 @@ Dv != Dk. At each:
     approximate variant too;
   * a variant that declares `native` makes no tensor of one shared head per output head
     from the shared heads alone (a repeat, an expand and a copy, a gather): watched op by
-    op (`Repeats`, a TorchDispatchMode);
+    op (`Repeats`, a TorchDispatchMode), against the same call with as many query heads
+    as shared ones, so that a kernel's own copies of the shared heads (a band's padded
+    spans) are not taken for a repeat: a repeat grows with the query heads, they do not;
   * its decoding form (where declared) gives the causal forward's rows, and keeps the
     state `state_size_at` predicts (1..1.25x): a `native` decoder that repeats its cache
     keeps g times the prediction.
@@ -40,17 +42,17 @@ TOL64 = 1e-9  # float64 against float64: rounding only
 class Repeats(TorchDispatchMode):
     """Watches a call for a repeat of the shared heads: an op whose inputs derive from the
     shared tensors alone (k and v for grouped keys; q and k for grouped values, views and
-    elementwise results of them included) and that makes a new tensor of at least one
-    shared tensor per output head (B x out heads x N x width): what a repeat, an expand
-    and a copy, or a gather of the shared heads makes. The scores (q k^T) derive from both
-    sides and are not counted."""
+    elementwise results of them included) and that makes a new tensor of at least
+    `threshold` elements. `found` lists each such op and its size, `largest` the largest
+    size. The scores (q k^T) derive from both sides and are not counted."""
 
-    def __init__(self, shared, others, threshold: int):
+    def __init__(self, shared, others, threshold: int = 0):
         super().__init__()
         self.shared = {t.untyped_storage().data_ptr() for t in shared}
         self.others = {t.untyped_storage().data_ptr() for t in others}
         self.threshold = threshold
-        self.found: list[str] = []
+        self.found: list[tuple[str, int]] = []
+        self.largest = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -61,7 +63,8 @@ class Repeats(TorchDispatchMode):
             for t in outs:
                 ptr = t.untyped_storage().data_ptr()
                 if ptr not in ins and t.numel() >= self.threshold:
-                    self.found.append(f"{func} made {tuple(t.shape)}")
+                    self.found.append((f"{func} made {tuple(t.shape)}", t.numel()))
+                    self.largest = max(self.largest, t.numel())
                 self.shared.add(ptr)
         elif ins & self.others:
             self.others.update(t.untyped_storage().data_ptr() for t in outs)
@@ -195,17 +198,32 @@ def _forward(m, s: Shape, causal: bool) -> float:
     return err
 
 
-def _no_repeat(m, s: Shape, causal: bool) -> None:
-    """A native grouping makes no tensor of one shared head per output head (`Repeats`)."""
+def _watch(m, s: Shape, causal: bool, threshold: int = 0) -> Repeats:
+    """`Repeats` over one call at s (after a first call: caches, masks, features)."""
     q, k, v, ins = _draw(m, s, torch.float64)
-    m(q, k, v, causal=causal, **ins)  # one call first: caches, masks, features
+    m(q, k, v, causal=causal, **ins)
     shared, others = ((k, v), (q,)) if m.contract.grouping.heads == "kv" else ((q, k), (v,))
-    watch = Repeats(shared, others, s.B * s.out_heads * s.N * min(s.D, s.Dv))
+    watch = Repeats(shared, others, threshold)
     with watch, torch.no_grad():
         m(q, k, v, causal=causal, **ins)
-    expect(not watch.found, f"{_label(s)}: declares native grouping but "
-                            f"{watch.found[0] if watch.found else ''} from the shared heads "
-                            f"alone ({len(watch.found)} such op(s)): it repeats them")
+    return watch
+
+
+def _no_repeat(m, s: Shape, causal: bool) -> None:
+    """A native grouping makes no tensor of one shared head per output head: none of at
+    least B x out heads x N x width elements from the shared heads alone that is over 1.5x
+    the largest such tensor of the same call with one query head per shared head (a
+    repeat grows with the query heads: at least 2x here; a kernel's own copies of the
+    shared heads do not)."""
+    twin = Shape(s.B, s.Hk if m.contract.grouping.heads == "kv" else s.H, s.N, s.D,
+                 value_dim=s.value_dim)
+    alone = _watch(m, twin, causal).largest
+    watch = _watch(m, s, causal, s.B * s.out_heads * s.N * min(s.D, s.Dv))
+    over = [what for what, n in watch.found if n > 1.5 * alone]
+    expect(not over, f"{_label(s)}: declares native grouping but "
+                     f"{over[0] if over else ''} from the shared heads alone ({len(over)} "
+                     f"such op(s); at most {alone:,} elements with one query head per "
+                     "shared head): it repeats them")
 
 
 def _decode(m, s: Shape) -> float:

@@ -126,8 +126,8 @@ class KVCache(DecodeState):
 
 @dataclasses.dataclass
 class RingKV(DecodeState):
-    """The last W keys and values, (B, H, W, D) each, token t in slot t mod W; `n` tokens
-    seen so far (min(n, W) slots hold one)."""
+    """The last W keys and values, (B, H, W, D) and (B, H, W, Dv), token t in slot t mod W;
+    `n` tokens seen so far (min(n, W) slots hold one)."""
     appends = True
     k: torch.Tensor
     v: torch.Tensor
@@ -136,7 +136,7 @@ class RingKV(DecodeState):
     @classmethod
     def prefill(cls, k: torch.Tensor, v: torch.Tensor, W: int) -> "RingKV":
         B, H, N, D = k.shape
-        rk, rv = k.new_zeros(B, H, W, D), v.new_zeros(B, H, W, D)
+        rk, rv = k.new_zeros(B, H, W, D), v.new_zeros(B, H, W, v.shape[-1])
         t = torch.arange(max(0, N - W), N, device=k.device)
         rk[:, :, t % W] = k[:, :, t]
         rv[:, :, t % W] = v[:, :, t]

@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import (Contract, CacheDecoder, KeyMask, RingKV, Sinks, Variant,
+from ..core import (Contract, CacheDecoder, Grouping, KeyMask, RingKV, Sinks, Variant,
                     attend_row, param, register, sink_param, softmax_scale)
 from .band_rows import band_rows_attention
 
@@ -173,11 +173,11 @@ class SlidingWindow(Sinks, CacheDecoder, Variant):
     name = "sliding_window"
     family = "sliding_window"
     Params = SlidingWindowParams
-    # Grouped keys are repeated: the band kernel runs them natively (band_rows.py), but
-    # its span copies at a short N with a wide window trip the kit's repeat watch
-    # (harness/check/groupings.py); declared native once that watch tells spans from
-    # repeats.
-    contract = Contract(exactness="pattern", decoding=True, extend=True)
+    # Grouped keys run natively: the band kernel takes a key-value head's query heads as
+    # rows of one matmul (band_rows.py), the decoder's ring holds one key and value per
+    # key-value head and `attend_row` reads it the same way.
+    contract = Contract(exactness="pattern", decoding=True, extend=True,
+                        grouping=Grouping("kv", "native", value_dim=True))
     paper = "https://arxiv.org/abs/2004.05150"
 
     def __init__(self, params=None):
@@ -195,6 +195,9 @@ class SlidingWindow(Sinks, CacheDecoder, Variant):
 
     def state_size(self, N, D):
         return 2 * min(self.params.window + 1, N) * D  # the cache of the window's keys, values
+
+    def state_size_at(self, N, s):
+        return s.Hk * min(self.params.window + 1, N) * (s.D + s.Dv)  # a ring per kv head
 
     def decode_prefill(self, k, v, max_len, sinks=None):
         # Query i sees i - window .. i: a ring of the last window + 1 keys and values.
