@@ -202,8 +202,10 @@ def _watch(m, s: Shape, causal: bool, threshold: int = 0) -> Repeats:
     """`Repeats` over one call at s (after a first call: caches, masks, features)."""
     q, k, v, ins = _draw(m, s, torch.float64)
     m(q, k, v, causal=causal, **ins)
+    # The declared inputs (gates, sinks) belong to the output heads: an op that combines
+    # the shared heads with them (k scaled by a value head's beta) is not a repeat.
     shared, others = ((k, v), (q,)) if m.contract.grouping.heads == "kv" else ((q, k), (v,))
-    watch = Repeats(shared, others, threshold)
+    watch = Repeats(shared, others + tuple(ins.values()), threshold)
     with watch, torch.no_grad():
         m(q, k, v, causal=causal, **ins)
     return watch
