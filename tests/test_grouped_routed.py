@@ -33,12 +33,10 @@ def qkv(Hk, N=50, Dv=None, B=2, D=8, dtype=torch.float64, seed=0, grad=False):
     return [torch.randn(*s, generator=g).to(dtype).requires_grad_(grad) for s in shapes]
 
 
-@pytest.fixture(params=["kernel", "dense"])
-def path(request, monkeypatch):
-    """moba's and quest's routed kernel (the dense form's threshold at 0) and their dense
-    masked form (above every length here); block_sparse has one form."""
-    monkeypatch.setattr(blocks, "DENSE_MAX", 0 if request.param == "kernel" else 10**6)
-    return request.param
+# moba's and quest's two forms: the routed kernel (the dense form's threshold at 0) and
+# the dense masked form (above every length here); block_sparse has one.
+FORMS = [("block_sparse", "kernel"), ("moba", "kernel"), ("moba", "dense"),
+         ("quest", "kernel"), ("quest", "dense")]
 
 
 def _against_repeated(m, q, k, v, causal):
@@ -59,14 +57,14 @@ def _against_repeated(m, q, k, v, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("Hk,Dv", [(4, None), (2, None), (1, None), (2, 12), (1, 5)])
-@pytest.mark.parametrize("name", NAMES)
-def test_grouped_keys_equal_the_call_on_repeated_heads(name, Hk, Dv, causal, path):
+@pytest.mark.parametrize("name,form", FORMS)
+def test_grouped_keys_equal_the_call_on_repeated_heads(name, form, Hk, Dv, causal,
+                                                        monkeypatch):
     """Planted bugs it catches: query head h reading kv head h % Hk (a tile) instead of
     h // r, in the kernel's slices or the gate; the causal mask of a grouped row taken at
     its row index rather than its position (x % N); the drop mask not broadcast over a
     block row's r heads; values sliced at Dk wide."""
-    if name == "block_sparse" and path == "dense":
-        pytest.skip("block_sparse has one form: the kernel case runs it")
+    monkeypatch.setattr(blocks, "DENSE_MAX", 0 if form == "kernel" else 10**6)
     m = variants.build(name, **SETTINGS[name])
     q, k, v = qkv(Hk, Dv=Dv, grad=True)
     o = _against_repeated(m, q, k, v, causal)
