@@ -159,7 +159,7 @@ class _BlockRows(torch.autograd.Function):
         if keep:
             ctx.plan, ctx.N, ctx.b = plan, N, b
             ctx.save_for_backward(qp, kp, vp, out, lse)
-        return _from_rows(out, Hq, b).view(B, Hq, nb * b, Dv)
+        return _from_rows(out, Hq, b).reshape(B, Hq, nb * b, Dv)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -202,7 +202,7 @@ class _BlockRows(torch.autograd.Function):
                 dk.view(-1, b * D).index_add_(0, at, dkr.view(-1, b * D))
                 dv.view(-1, b * Dv).index_add_(0, at, dvr.view(-1, b * Dv))
         N = ctx.N
-        dq = _from_rows(dq, H * r, b).view(B, H * r, nb * b, D)[:, :, :N]
+        dq = _from_rows(dq, H * r, b).reshape(B, H * r, nb * b, D)[:, :, :N]
         dk, dv = (t.view(B, H, nb * b, t.shape[-1])[:, :, :N] for t in (dk, dv))
         return dq, dk, dv, None, None
 
