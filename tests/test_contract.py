@@ -38,7 +38,7 @@ def test_every_variant_declares_a_frozen_contract_and_spec_reads_it():
 
 
 def test_the_natively_grouped_variants_declare_it():
-    for name in ("standard", "sdpa", "sliding_window"):
+    for name in ("standard", "sdpa", "sliding_window", "block_sparse", "moba", "quest"):
         assert variants.spec(name).grouping == Grouping("kv", "native",
                                                          value_dim=name != "sdpa")
     for name in ("gated_deltanet", "kda", "mamba2"):

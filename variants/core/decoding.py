@@ -89,7 +89,7 @@ class KVCache(DecodeState):
     def prefill(cls, k: torch.Tensor, v: torch.Tensor, max_len: int) -> "KVCache":
         B, H, N, D = k.shape
         ck = k.new_empty(B, H, max_len, D)  # (B, H, max_len, D)
-        cv = v.new_empty(B, H, max_len, D)
+        cv = v.new_empty(B, H, max_len, v.shape[-1])  # values of their own width
         ck[:, :, :N] = k
         cv[:, :, :N] = v
         return cls(ck, cv, N)

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from ..core import Contract, Variant, compute_dtype, softmax_scale
+from ..core import Contract, Grouping, Variant, compute_dtype, softmax_scale
 from .decoding import BlockDecoding
 from .routed_rows import routed_block_attention
 from .routing import block_count, selected_keys, top_blocks
@@ -28,7 +28,11 @@ DENSE_MAX = 128
 class BlockRouted(BlockDecoding, Variant):
     """Exact softmax over the keys of each query's top_k gated blocks; see the subclasses."""
     family = "routed"
-    contract = Contract(decoding=True, extend=True, weights=True)
+    # Grouped keys run natively: each query head routes on its own against its kv head's
+    # block statistics (computed once per kv head), and the kernels read that head's key
+    # blocks; values may have their own width.
+    contract = Contract(decoding=True, extend=True, weights=True,
+                        grouping=Grouping("kv", "native", value_dim=True))
     # The parameter holding the block length (`block_size`, Quest's `page_size`).
     block_param: ClassVar[str] = "block_size"
     # Gate FLOPs per (query, block, channel): 2 for one dot product.
@@ -68,8 +72,10 @@ class BlockRouted(BlockDecoding, Variant):
         if N <= DENSE_MAX:  # the same softmax over the same keys (see DENSE_MAX)
             allowed = selected_keys(sel, self.block, N, causal)  # every row holds a key
             cd = compute_dtype(q.dtype)
-            return F.scaled_dot_product_attention(q.to(cd), k.to(cd), v.to(cd),
-                                                  attn_mask=allowed).to(q.dtype)
+            if k.shape[1] == q.shape[1]:
+                return F.scaled_dot_product_attention(q.to(cd), k.to(cd), v.to(cd),
+                                                      attn_mask=allowed).to(q.dtype)
+            return _grouped_dense(q.to(cd), k.to(cd), v.to(cd), allowed).to(q.dtype)
         return routed_block_attention(q, k, v, sel, self.block, causal)
 
     def attention_weights(self, q, k, causal):
@@ -93,17 +99,24 @@ class BlockRouted(BlockDecoding, Variant):
         return sum(p * b for p in per[:full]) + (per[-1] * rest if rest else 0)
 
     def flops(self, B, H, N, D, causal=False):
-        """4 b D per (query, block) pair read (q k^T and p v, at block granularity: the
-        masked part of a partial or own block counted) plus the gate, gate_flops D per
-        (query, block); the block statistics are not matmuls. Up to DENSE_MAX tokens, 4 N^2 D
-        (the dense masked form)."""
+        return self._flops(B, H, N, D, D, causal)
+
+    def flops_at(self, s, causal=False):
+        """`flops` of its own heads and widths: grouping shares keys, not work."""
+        return self._flops(s.B, s.H, s.N, s.D, s.Dv, causal)
+
+    def _flops(self, B, H, N, D, Dv, causal):
+        """2 b (Dk + Dv) per (query, block) pair read (q k^T and p v, at block granularity:
+        the masked part of a partial or own block counted) plus the gate, gate_flops Dk per
+        (query, block); the block statistics are not matmuls. Up to DENSE_MAX tokens,
+        2 N^2 (Dk + Dv) (the dense masked form)."""
         if N == 0:
             return 0
         nb = block_count(N, self.block)
         gate = self.gate_flops * N * nb * D
         if N <= DENSE_MAX:  # every score, masked or not (SDPA under a mask skips none)
-            return B * H * (4 * N * N * D + gate)
-        return B * H * (4 * self._blocks_read(N, causal) * self.block * D + gate)
+            return B * H * (2 * N * N * (D + Dv) + gate)
+        return B * H * (2 * self._blocks_read(N, causal) * self.block * (D + Dv) + gate)
 
     def keys_per_query(self, N: int, causal: bool = False) -> float:
         """Mean keys a query attends to: causal, min(top_k - 1, blocks before its own) b plus
@@ -118,4 +131,18 @@ class BlockRouted(BlockDecoding, Variant):
 
     def state_size(self, N, D):
         return 2 * N * D  # any past block may be chosen: the whole cache is kept
+
+    def state_size_at(self, N, s):
+        return s.Hk * N * (s.D + s.Dv)  # one cache per kv head
+
+
+def _grouped_dense(q, k, v, allowed):
+    """The dense form on grouped keys: kv head kv's r = Hq / Hk query heads as r N rows
+    against its keys (row x: query head kv r + x // N at position x % N), under the
+    selection's mask (B, Hq, N, N); k and v are never repeated."""
+    B, Hq, N, D = q.shape
+    Hk = k.shape[1]
+    s = (q.reshape(B, Hk, Hq // Hk * N, D) * softmax_scale(D)) @ k.transpose(-1, -2)
+    s.masked_fill_(~allowed.reshape(B, Hk, -1, N), float("-inf"))
+    return (torch.softmax(s, dim=-1) @ v).view(B, Hq, N, v.shape[-1])
 

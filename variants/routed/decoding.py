@@ -26,17 +26,16 @@ from .routing import block_count
 
 @dataclasses.dataclass
 class BlockStatsCache(KVCache):
-    """The cache and per-block statistics (B, H, nb, D) in the compute dtype: MoBA's means
-    of complete blocks (the sum of the filling one) in `lo`, or Quest's min and max in
-    `lo` and `hi`; `b` keys a block, `kk` blocks a step reads; built once: `offsets`, the
-    b positions of a block, and `rows`, each (batch, head)'s first row in the cache's
-    (B H L, D) rows, (B, H, 1)."""
+    """The cache and per-block statistics (B, Hk, nb, D) in the compute dtype, one per kv
+    head: MoBA's means of complete blocks (the sum of the filling one) in `lo`, or Quest's
+    min and max in `lo` and `hi`; `b` keys a block, `kk` blocks a step reads. Not state
+    (built once, not counted in `nbytes`): `offsets`, the b positions of a block, and
+    `rows`, each (batch, kv head)'s first row in the cache's (B Hk L, D) rows,
+    (B, Hk, 1, 1)."""
     lo: torch.Tensor | None = None
     hi: torch.Tensor | None = None
     kk: int = 1
     b: int = 1
-    offsets: torch.Tensor | None = None
-    rows: torch.Tensor | None = None
 
     def mark(self):
         """The length and the statistics of the block it ends in: the only block a later
@@ -66,6 +65,15 @@ class BlockDecoding:
         kk = min(self.params.top_k, nb)
         return nb * D * (1 if self.block_stat == "sum" else 2) + 2 * min(kk * b, N) * D
 
+    def decode_read_size_at(self, N, s):
+        """Per kv head: the statistics of every block once (its r = Hq / Hk query heads
+        score them in one product), and the keys (Dk) and values (Dv) of the blocks its
+        query heads chose, each its own kk: at most r kk blocks, at most the N cached."""
+        b, nb = self.block, block_count(N, self.block)
+        kk, r = min(self.params.top_k, nb), s.H // s.Hk
+        stats = nb * s.D * (1 if self.block_stat == "sum" else 2)
+        return s.Hk * (stats + min(r * kk * b, N) * (s.D + s.Dv))
+
     def decode_prefill(self, k, v, max_len):
         B, H, N, D = k.shape
         b, nb, cd = self.block, block_count(max_len, self.block), compute_dtype(k.dtype)
@@ -75,9 +83,9 @@ class BlockDecoding:
         else:
             lo = k.new_full((B, H, nb, D), float("inf"), dtype=cd)
             hi = k.new_full((B, H, nb, D), float("-inf"), dtype=cd)
-        rows = (torch.arange(B * H, device=k.device) * max_len).view(B, H, 1)
-        state = BlockStatsCache(cache.k, cache.v, 0, lo, hi, min(self.params.top_k, nb), b,
-                                torch.arange(b, device=k.device), rows)
+        state = BlockStatsCache(cache.k, cache.v, 0, lo, hi, min(self.params.top_k, nb), b)
+        state.offsets = torch.arange(b, device=k.device)
+        state.rows = (torch.arange(B * H, device=k.device) * max_len).view(B, H, 1, 1)
         return self.decode_extend(state, k, v)
 
     def decode_extend(self, state, k, v):
@@ -95,28 +103,32 @@ class BlockDecoding:
         return state
 
     def decode_step(self, state, q, k, v):
+        """q (B, Hq, 1, D); k, v (B, Hk, 1, D | Dv) and a cache of Hk heads: query head h
+        scores kv head h // r's blocks (r = Hq / Hk, the r heads as r rows of one
+        product) and reads that head's chosen blocks, its own choice."""
         i, b = state.n, self.block
         self.decode_extend(state, k, v)
         own = i // b
-        B, H = q.shape[:2]
-        qc = q.to(state.lo.dtype)  # (B, H, 1, D) in the compute dtype
-        chosen = torch.full((B, H, 1), own, dtype=torch.long, device=q.device)
+        B, Hq, _, D = q.shape
+        Hk, Dv = state.k.shape[1], state.v.shape[-1]
+        r = Hq // Hk
+        qc = q.to(state.lo.dtype).view(B, Hk, r, D)  # in the compute dtype
+        chosen = torch.full((B, Hk, r, 1), own, dtype=torch.long, device=q.device)
         m = min(state.kk - 1, own)
         if m > 0:  # the best earlier blocks by the gate, all of them complete
             if self.block_stat == "sum":
-                scores = qc @ state.lo[:, :, :own].transpose(-1, -2)  # (B, H, 1, own)
+                scores = qc @ state.lo[:, :, :own].transpose(-1, -2)  # (B, Hk, r, own)
             else:
                 scores = (qc.clamp(min=0) @ state.hi[:, :, :own].transpose(-1, -2)
                           + qc.clamp(max=0) @ state.lo[:, :, :own].transpose(-1, -2))
-            chosen = torch.cat([chosen, scores[:, :, 0].topk(m, dim=-1).indices], dim=-1)
-        keys = (chosen[..., None] * b + state.offsets).flatten(2)  # (B, H, L)
+            chosen = torch.cat([chosen, scores.topk(m, dim=-1).indices], dim=-1)
+        keys = (chosen[..., None] * b + state.offsets).flatten(3)  # (B, Hk, r, L)
         later = keys > i  # the own block's keys after i (and past the cache's end)
-        # Whole rows of the (B H max_len, D) cache by index_select: gather over dim 2, with
+        # Whole rows of the (B Hk max_len, D) cache by index_select: gather over dim 2, with
         # its index expanded over D, took twice as long and more (interleaved, 4096 blocks).
         at = (keys.clamp(max=i) + state.rows).flatten()
-        D = q.shape[-1]
-        K, V = (x.view(-1, D).index_select(0, at).view(B, H, -1, D).to(qc.dtype)
-                for x in (state.k, state.v))  # (B, H, L, D)
-        s = (qc * softmax_scale(D)) @ K.transpose(-1, -2)  # (B, H, 1, L)
-        s = s.masked_fill(later[:, :, None, :], float("-inf"))
-        return (torch.softmax(s, dim=-1) @ V).to(q.dtype), state
+        K = state.k.view(-1, D).index_select(0, at).view(B, Hk, r, -1, D).to(qc.dtype)
+        V = state.v.view(-1, Dv).index_select(0, at).view(B, Hk, r, -1, Dv).to(qc.dtype)
+        s = (qc[..., None, :] * softmax_scale(D)) @ K.transpose(-1, -2)  # (B, Hk, r, 1, L)
+        s = s.masked_fill(later[..., None, :], float("-inf"))
+        return (torch.softmax(s, dim=-1) @ V).view(B, Hq, 1, Dv).to(q.dtype), state

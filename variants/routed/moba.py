@@ -17,7 +17,7 @@ import torch
 
 from ..core import param, register
 from .blocks import BlockRouted
-from .routing import block_means
+from .routing import block_means, grouped_scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +36,9 @@ class Moba(BlockRouted):
     gate_flops = 2
 
     def gate(self, k):
-        means = block_means(k, self.params.block_size).transpose(-1, -2)  # (B, H, D, nb)
+        # Once per kv head: (B, Hk, D, nb); each query head scores its kv head's means.
+        means = block_means(k, self.params.block_size).transpose(-1, -2)
 
         def scores(qc: torch.Tensor) -> torch.Tensor:
-            return qc @ means  # (B, H, c, nb)
+            return grouped_scores(qc, means)  # (B, Hq, c, nb)
         return scores

@@ -19,7 +19,7 @@ import torch
 
 from ..core import param, register
 from .blocks import BlockRouted
-from .routing import block_bounds
+from .routing import block_bounds, grouped_scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +40,8 @@ class Quest(BlockRouted):
 
     def gate(self, k):
         lo, hi = block_bounds(k, self.params.page_size)
-        lo, hi = lo.transpose(-1, -2), hi.transpose(-1, -2)  # (B, H, D, np)
+        lo, hi = lo.transpose(-1, -2), hi.transpose(-1, -2)  # (B, Hk, D, np): once per kv head
 
         def bound(qc: torch.Tensor) -> torch.Tensor:
-            return qc.clamp(min=0) @ hi + qc.clamp(max=0) @ lo  # (B, H, c, np)
+            return grouped_scores(qc.clamp(min=0), hi) + grouped_scores(qc.clamp(max=0), lo)
         return bound

@@ -46,6 +46,17 @@ def block_bounds(k: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     return lo, hi
 
 
+def grouped_scores(qc: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
+    """qc (B, Hq, c, D) against a kv head's block statistics stats (B, Hk, D, nb), Hk
+    dividing Hq (query head h reads kv head h // (Hq / Hk)): (B, Hq, c, nb). The r query
+    heads of a kv head are r c rows of one product; the statistics are never repeated."""
+    B, Hq, c, D = qc.shape
+    Hk = stats.shape[1]
+    if Hk == Hq:
+        return qc @ stats
+    return (qc.reshape(B, Hk, Hq // Hk * c, D) @ stats).view(B, Hq, c, stats.shape[-1])
+
+
 def top_blocks(gate: Callable[[torch.Tensor], torch.Tensor], q: torch.Tensor, nb: int,
                b: int, top_k: int, causal: bool) -> torch.Tensor:
     """Each query's top_k blocks by gate(q chunk (B, H, c, D)) -> scores (B, H, c, nb).

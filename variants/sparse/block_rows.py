@@ -1,5 +1,11 @@
 """Exact softmax attention of query blocks over gathered key blocks, in plan steps; the
-kernel of `block_sparse.py` (q, k, v (B, H, N, D) -> (B, H, nb b, D)).
+kernel of `block_sparse.py` (q (B, Hq, N, D), k (B, Hk, N, D), v (B, Hk, N, Dv) ->
+(B, Hq, nb b, Dv)).
+
+Grouped keys (Hk dividing Hq, SDPA's `enable_gqa` meaning: query head h reads kv head
+h // r, r = Hq / Hk) run natively: the layout is every head's, so q is laid out
+(B, Hk, nb, r b, D), a query block row holding its r heads' b queries, and each of its
+r b rows scores the kv head's key blocks in the same matmul; k and v are never repeated.
 
 A plan (`BlockSparse._plan`) is a list of steps (rows, cols, K, drop): R query blocks of
 K key blocks each. A step gathers its rows' key and value blocks as rows of a (B H nb,
@@ -35,10 +41,11 @@ def block_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bloc
 
 
 def _mask(s: torch.Tensor, drop) -> None:
-    """-inf into the scores s (B, H, R, b, K b) where a plan step's drop says."""
+    """-inf into the scores s (B, Hk, R, r, b, K b) where a plan step's drop (R or 1, b,
+    K b - a) says: the same for a block row's r query heads."""
     if drop is not None:
         a, m = drop
-        s[..., a:].masked_fill_(m, float("-inf"))
+        s[..., a:].masked_fill_(m.unsqueeze(-3), float("-inf"))
 
 
 def _take(x: torch.Tensor, sel) -> torch.Tensor:
@@ -88,14 +95,16 @@ def _keys(xp: torch.Tensor, cols, R: int, K: int, base: torch.Tensor, ws: Worksp
     return buf.view(B * H * R, K * b, D)
 
 
-def _reserve(ws: Workspace, plan: list[tuple], BH: int, b: int, D: int, names) -> None:
+def _reserve(ws: Workspace, plan: list[tuple], BH: int, rb: int, b: int, D: int,
+             names) -> None:
     """Allocate each workspace buffer once, at the plan's largest step: `names` maps
-    each buffer to its shape kind, "row" (R b D), "keys" (R K b D, gathered steps only)
-    or "scores" (R b K b)."""
+    each buffer to its shape kind, "row" (R rb D), "keys" (R K b D, gathered steps only)
+    or "scores" (R rb K b); rb query rows a block row, D the wider of Dk and Dv."""
     R = max(_count(rows) for rows, _, _, _ in plan)
     RK = max(_count(rows) * K for rows, _, K, _ in plan)
     gathered = [_count(rows) * K for rows, cols, K, _ in plan if not isinstance(cols, slice)]
-    size = {"row": R * b * D, "keys": max(gathered, default=0) * b * D, "scores": RK * b * b}
+    size = {"row": R * rb * D, "keys": max(gathered, default=0) * b * D,
+            "scores": RK * rb * b}
     for name, kind in names.items():
         if size[kind]:
             ws(name, BH * size[kind])
@@ -111,55 +120,60 @@ class _BlockRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, b, plan):
-        B, H, N, D = q.shape
+        B, Hq, N, D = q.shape
+        H, Dv = k.shape[1], v.shape[-1]  # H: the kv heads, each a slice of the kernel
+        r = Hq // H
+        rb = r * b  # a block row's query rows: its r query heads' b queries
         nb = math.ceil(N / b)
         pad = nb * b - N
-        # Block views (B, H, nb, b, D); zero-padded keys are masked by the plan. The scale
-        # goes on q (N D products), not on the scores.
-        qp = q.new_zeros(B, H, nb * b, D) if pad else q.new_empty(B, H, N, D)
+        # Block views (B, Hk, nb, r b, D) of q, (B, Hk, nb, b, D | Dv) of k, v; zero-padded
+        # keys are masked by the plan. The scale goes on q (N D products), not the scores.
+        qp = q.new_zeros(B, Hq, nb * b, D) if pad else q.new_empty(B, Hq, N, D)
         torch.mul(q, softmax_scale(D), out=qp[:, :, :N])
-        qp = qp.view(B, H, nb, b, D)
-        kp, vp = ((F.pad(t, (0, 0, 0, pad)) if pad else t).contiguous().view(B, H, nb, b, D)
-                  for t in (k, v))
-        out = q.new_empty(B, H, nb, b, D)
+        qp = _to_rows(qp, H, nb, b)
+        kp, vp = ((F.pad(t, (0, 0, 0, pad)) if pad else t).contiguous()
+                  .view(B, H, nb, b, t.shape[-1]) for t in (k, v))
+        out = q.new_empty(B, H, nb, rb, Dv)
         keep = any(ctx.needs_input_grad[:3])  # else nothing is saved: no log-sum-exp needed
         if keep:
             # float32 at least: a bfloat16 lse would shift every recomputed probability.
-            lse = q.new_empty(B, H, nb, b, 1, dtype=torch.promote_types(q.dtype, torch.float32))
+            lse = q.new_empty(B, H, nb, rb, 1,
+                              dtype=torch.promote_types(q.dtype, torch.float32))
         ws = Workspace(q)
-        _reserve(ws, plan, B * H, b, D, {"s": "scores", "k": "keys", "v": "keys",
-                                          "q": "row", "o": "row"})
+        _reserve(ws, plan, B * H, rb, b, max(D, Dv), {"s": "scores", "k": "keys", "v": "keys",
+                                                      "q": "row", "o": "row"})
         base = torch.arange(0, B * H * nb, nb, device=q.device)[:, None]  # (B H, 1)
         for rows, cols, K, drop in plan:
             R = _count(rows)
             s = torch.bmm(_rows(qp, rows, base, ws, "q"),
                           _keys(kp, cols, R, K, base, ws, "k").transpose(1, 2),
-                          out=ws("s", B * H * R, b, K * b))
-            _mask(s.view(B, H, R, b, K * b), drop)
+                          out=ws("s", B * H * R, rb, K * b))
+            _mask(s.view(B, H, R, r, b, K * b), drop)
             if keep:
-                _put(lse, rows, softmax_lse_(s).view(B, H, R, b, 1), base)
+                _put(lse, rows, softmax_lse_(s).view(B, H, R, rb, 1), base)
             else:
                 softmax_(s)
             o = torch.bmm(s, _keys(vp, cols, R, K, base, ws, "v"),
-                          out=ws("o", B * H * R, b, D))
-            _put(out, rows, o.view(B, H, R, b, D), base)
+                          out=ws("o", B * H * R, rb, Dv))
+            _put(out, rows, o.view(B, H, R, rb, Dv), base)
         if keep:
-            ctx.plan, ctx.N = plan, N
+            ctx.plan, ctx.N, ctx.b = plan, N, b
             ctx.save_for_backward(qp, kp, vp, out, lse)
-        return out.view(B, H, nb * b, D)
+        return _from_rows(out, Hq, b).reshape(B, Hq, nb * b, Dv)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         qp, kp, vp, out, lse = ctx.saved_tensors
-        B, H, nb, b, D = qp.shape
-        BH = B * H
-        dout = dout.contiguous().view(B, H, nb, b, D)
+        B, H, nb, rb, D = qp.shape
+        b, Dv = ctx.b, vp.shape[-1]
+        r, BH = rb // b, B * H
+        dout = _to_rows(dout, H, nb, b)  # (B, Hk, nb, r b, Dv)
         delta = torch.linalg.vecdot(dout, out).unsqueeze(-1)  # (B, H, nb, b, 1): rowsum(dO * O)
         dq = torch.empty_like(qp)
         dk, dv = torch.zeros_like(kp), torch.zeros_like(vp)
         ws = Workspace(qp)
-        _reserve(ws, ctx.plan, BH, b, D, {"s": "scores", "dp": "scores", "dk": "keys",
+        _reserve(ws, ctx.plan, BH, rb, b, max(D, Dv), {"s": "scores", "dp": "scores", "dk": "keys",
                                           "dv": "keys", "k": "keys", "v": "keys",
                                           "q": "row", "do": "row", "o": "row"})
         base = torch.arange(0, BH * nb, nb, device=qp.device)[:, None]  # (B H, 1)
@@ -168,29 +182,48 @@ class _BlockRows(torch.autograd.Function):
             qr, do = _rows(qp, rows, base, ws, "q"), _rows(dout, rows, base, ws, "do")
             kr = _keys(kp, cols, R, K, base, ws, "k")  # (B H R, K b, D)
             vr = _keys(vp, cols, R, K, base, ws, "v")
-            s = torch.bmm(qr, kr.transpose(1, 2), out=ws("s", BH * R, b, K * b))
-            _mask(s.view(B, H, R, b, K * b), drop)
-            p = exp_(s.sub_(_take(lse, rows).reshape(BH * R, b, 1)))  # the forward's
-            dvr = torch.bmm(p.transpose(1, 2), do, out=ws("dv", BH * R, K * b, D))
-            ds = torch.bmm(do, vr.transpose(1, 2), out=ws("dp", BH * R, b, K * b))
-            ds.sub_(_take(delta, rows).reshape(BH * R, b, 1)).mul_(p)
+            s = torch.bmm(qr, kr.transpose(1, 2), out=ws("s", BH * R, rb, K * b))
+            _mask(s.view(B, H, R, r, b, K * b), drop)
+            p = exp_(s.sub_(_take(lse, rows).reshape(BH * R, rb, 1)))  # the forward's
+            dvr = torch.bmm(p.transpose(1, 2), do, out=ws("dv", BH * R, K * b, Dv))
+            ds = torch.bmm(do, vr.transpose(1, 2), out=ws("dp", BH * R, rb, K * b))
+            ds.sub_(_take(delta, rows).reshape(BH * R, rb, 1)).mul_(p)
             # dQ = dS K / sqrt(D): the forward scaled q, so the scale comes back here, as
             # the matmul's alpha rather than a pass over dq.
-            o = ws("o", BH * R, b, D)
+            o = ws("o", BH * R, rb, D)
             dqr = torch.baddbmm(o, ds, kr, beta=0, alpha=softmax_scale(D), out=o)
-            _put(dq, rows, dqr.view(B, H, R, b, D), base)
+            _put(dq, rows, dqr.view(B, H, R, rb, D), base)
             dkr = torch.bmm(ds.transpose(1, 2), qr, out=ws("dk", BH * R, K * b, D))
             if isinstance(cols, slice):
                 dk.view(BH, nb * b, D)[:, :K * b] += dkr
-                dv.view(BH, nb * b, D)[:, :K * b] += dvr
+                dv.view(BH, nb * b, Dv)[:, :K * b] += dvr
             else:
                 at = _flat(cols, base)
                 dk.view(-1, b * D).index_add_(0, at, dkr.view(-1, b * D))
-                dv.view(-1, b * D).index_add_(0, at, dvr.view(-1, b * D))
+                dv.view(-1, b * Dv).index_add_(0, at, dvr.view(-1, b * Dv))
         N = ctx.N
-        dq = dq.view(B, H, nb * b, D)[:, :, :N]
-        dk, dv = (t.view(B, H, nb * b, D)[:, :, :N] for t in (dk, dv))
+        dq = _from_rows(dq, H * r, b).reshape(B, H * r, nb * b, D)[:, :, :N]
+        dk, dv = (t.view(B, H, nb * b, t.shape[-1])[:, :, :N] for t in (dk, dv))
         return dq, dk, dv, None, None
+
+
+def _to_rows(x: torch.Tensor, Hk: int, nb: int, b: int) -> torch.Tensor:
+    """(B, Hq, nb b, E) -> (B, Hk, nb, r b, E), r = Hq / Hk: block row i of kv head kv
+    holds query heads kv r .. kv r + r - 1's queries of block i, head after head (a copy
+    of the queries' side only; a view where r = 1)."""
+    B, Hq, _, E = x.shape
+    r = Hq // Hk
+    if r == 1:
+        return x.contiguous().view(B, Hk, nb, b, E)
+    return x.reshape(B, Hk, r, nb, b, E).transpose(2, 3).reshape(B, Hk, nb, r * b, E)
+
+
+def _from_rows(x: torch.Tensor, Hq: int, b: int) -> torch.Tensor:
+    """The kernel's (B, Hk, nb, r b, E) -> (B, Hq, nb, b, E); the tensor itself at r = 1."""
+    B, Hk, nb, rb, E = x.shape
+    if Hq == Hk:
+        return x
+    return x.view(B, Hk, nb, Hq // Hk, b, E).transpose(2, 3).reshape(B, Hq, nb, b, E)
 
 
 def _put(x: torch.Tensor, sel, value: torch.Tensor, base: torch.Tensor) -> None:

@@ -36,8 +36,8 @@ import math
 
 import torch
 
-from ..core import (Contract, CacheDecoder, KVCache, KeyMask, Variant, naive_attention, param,
-                    register)
+from ..core import (Contract, CacheDecoder, Grouping, KVCache, KeyMask, Variant, attend_row,
+                    param, register)
 from .block_rows import block_rows_attention
 
 # Plans a module keeps (per length, causal, device and B H); a causal plan holds ~N * 8
@@ -91,7 +91,11 @@ class BlockSparse(CacheDecoder, Variant):
     """Exact softmax attention restricted to a BigBird block layout (window + global + random)."""
     name = "block_sparse"
     family = "sparse"
-    contract = Contract(exactness="pattern", decoding=True, extend=True)
+    # Grouped keys run natively: the layout is every head's, so a kv head's r query heads
+    # are the r b rows of each of its query blocks (block_rows.py), and the decoder keeps
+    # one cache per kv head, read by `attend_row`; values may have their own width.
+    contract = Contract(exactness="pattern", decoding=True, extend=True,
+                        grouping=Grouping("kv", "native", value_dim=True))
     Params = BlockSparseParams
     paper = "https://arxiv.org/abs/2007.14062"
 
@@ -150,11 +154,22 @@ class BlockSparse(CacheDecoder, Variant):
     def state_size(self, N, D):
         return 2 * N * D  # random and global blocks reach any past key: the whole cache
 
+    def state_size_at(self, N, s):
+        return s.Hk * N * (s.D + s.Dv)  # one cache per kv head
+
     def decode_read_size(self, N, D):
         """A step reads the keys and values of its row block's layout: the mean over row
         blocks of their key blocks, b tokens each."""
+        return int(2 * self._keys_read(N) * D)
+
+    def decode_read_size_at(self, N, s):
+        """Per kv head, once for its r query heads (one layout for all): the keys (Dk) and
+        values (Dv) of the row block's layout."""
+        return s.Hk * int(self._keys_read(N) * (s.D + s.Dv))
+
+    def _keys_read(self, N) -> float:
         per_row = float(self._layout(N).sum(dim=1, dtype=torch.float64).mean())
-        return int(2 * min(per_row * self.params.block_size, N) * D)
+        return min(per_row * self.params.block_size, N)
 
     def decode_prefill(self, k, v, max_len):
         # The layout is the one of the whole sequence's length (its random blocks are
@@ -175,10 +190,12 @@ class BlockSparse(CacheDecoder, Variant):
             state.keys_of[r] = idx[idx < state.k.shape[-2]]
         idx = state.keys_of[r]
         idx = idx[: int(torch.searchsorted(idx, i, right=True))]  # j <= i
-        return naive_attention(q, state.k[:, :, idx], state.v[:, :, idx]), state
+        # q (B, Hq, 1, D) over the cache's Hk heads: query head h reads kv head h // r.
+        return attend_row(q, state.k[:, :, idx], state.v[:, :, idx]), state
 
     def flops(self, B, H, N, D, causal=False):
-        """4 b^2 D per nonzero block of the layout (causal: blocks with j <= i) and head.
+        """4 b^2 D per nonzero block of the layout (causal: blocks with j <= i) and query
+        head (`flops_at`: 2 b^2 (Dk + Dv) where values have their own width).
 
         Counted at block granularity, as computed: padded keys and the masked upper half
         of diagonal blocks are included.
