@@ -55,7 +55,7 @@ def _layout(x, Hk):
     """(B, Hq, N, W) -> (B, N, Hk, r, W), contiguous: the r query heads of a key-value head
     together."""
     B, H, N, W = x.shape
-    return x.view(B, Hk, H // Hk, N, W).permute(0, 3, 1, 2, 4).contiguous()
+    return x.reshape(B, Hk, H // Hk, N, W).permute(0, 3, 1, 2, 4).contiguous()
 
 
 def _back(x):

@@ -77,7 +77,7 @@ def select(q, k, top_k: int, indexer: str, index_q=None, index_k=None,
     B, Hq, N, _ = q.shape
     kk = min(top_k, N)
     cd = compute_dtype(q.dtype)
-    sel = torch.empty(B, N, kk, dtype=torch.int32, device=q.device)
+    sel = torch.full((B, N, kk), -1, dtype=torch.int32, device=q.device)
     with torch.no_grad():
         if indexer == "lightning":
             iq, ik, iw = index_q.to(cd), index_k.to(cd), index_w.to(cd)
@@ -92,7 +92,8 @@ def select(q, k, top_k: int, indexer: str, index_q=None, index_k=None,
                 sc = heads_scores(qc[:, :, s:e], kc[:, :, :e])
             t = torch.arange(s, e, device=q.device)[:, None]
             sc.masked_fill_(torch.arange(e, device=q.device) > t, float("-inf"))
-            sel[:, s:e] = top_later(sc, kk).to(torch.int32)
+            top = top_later(sc, kk)  # min(kk, e) wide: a chunk ending before kk keys
+            sel[:, s:e, :top.shape[-1]] = top.to(torch.int32)
     return sel
 
 
