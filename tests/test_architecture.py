@@ -40,6 +40,7 @@ FAMILIES = {
     "recurrent": {"core"},
     "library": {"core", "exact", "sliding_window", "sparse", "recurrent"},
     "routed": {"core"},
+    "learned_sparse": {"core"},
     "floor": {"core"},
 }
 

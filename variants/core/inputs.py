@@ -43,6 +43,10 @@ class InputSpec:
     doc: str = ""
     layer: str = ""
     fixed: FixedSampler | None = dataclasses.field(default=None, repr=False, compare=False)
+    # Sizes of dims the input names itself, beyond the case's B, H, N, D: ((name, size), ...)
+    # (dsa's indexer heads and width, a dim of one); its layout keeps B first and N third,
+    # as q's, so that a sequence taken in pieces cuts it along dim 2.
+    own_dims: tuple = ()
 
     @property
     def shape_text(self) -> str:
@@ -65,8 +69,9 @@ class InputSpec:
 
     def shape_for(self, q: torch.Tensor, sizes: dict | None = None) -> tuple[int, ...]:
         """Its shape for a case: `sizes` (B, H, N, D; H the output's head count, D the
-        keys' width: `checks.input_sizes`), or q's own (B, H, N, D)."""
-        sizes = sizes or dict(zip(("B", "H", "N", "D"), q.shape))
+        keys' width: `checks.input_sizes`), or q's own (B, H, N, D); `own_dims` give the
+        sizes of the dims the input names itself."""
+        sizes = {**(sizes or dict(zip(("B", "H", "N", "D"), q.shape))), **dict(self.own_dims)}
         return tuple(sizes[d] for d in self.dims)
 
     def in_range(self, x: torch.Tensor) -> bool:
