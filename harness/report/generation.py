@@ -136,7 +136,7 @@ def bandwidth_table(dec: pd.DataFrame, read_gbps: float | None,
     if read_gbps:
         out["of the read rate"] = (gbps / read_gbps).map(lambda x: f"{x:.0%}")
         if meta is not None:
-            _roofline_columns(out, ok, meta)
+            _roofline_columns(out, ok, {**meta, "read_bandwidth_gbps": read_gbps})
         else:
             bound = bound_ms(ok, read_gbps)
             out["read bound ms"] = bound.map(T.fmt_num)
