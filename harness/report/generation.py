@@ -212,7 +212,7 @@ def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tupl
                    *_error_blocks(g),
                    ("p", "Decodes faster than exact attention from"),
                    ("table", faster_than_exact_from(g))]
-        bound = exact_bound_table(g, read) if read else pd.DataFrame()
+        bound = exact_bound_table(g, read, meta if has_roofline(g) else None) if read else pd.DataFrame()
         blocks += [("p", "How far the exact path, the baseline of every × faster than exact, "
                          "is from its read bound in this run (time per token over the time "
                          "to move its cache at the read rate; 1 is the memory's limit, below "
@@ -236,6 +236,22 @@ def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tupl
                                                      "time per token over\nits read bound",
                                                      pdir / "decode_bound.png"),
                            "time per generated token over its read bound, against context"))
+    if read and has_roofline(dec):
+        rates = ", ".join(f"matmul {k} {v:.0f} GFLOP/s"
+                          for k, v in sorted(T.matmul_rates(meta).items()))
+        return blocks + [
+            ("h", 3, "Achieved bandwidth and the roofline bound"),
+            ("p", "Each row's roofline bound is the larger of its read bound (the bytes a "
+                  "step moves, decode_read_mib, at the read rate measured in this run: "
+                  f"{read:.1f} GB/s, a sum over a 1 GiB float32 tensor) and its compute "
+                  "bound (its FLOPs, decode_flops, at the matmul rate of its device and "
+                  f"dtype measured in this run: {rates or 'none recorded'}); bound names "
+                  "the larger. A key-value cache does about one FLOP a byte and is "
+                  "read-bound; a grouped or latent cache, read once for several query "
+                  "heads, does more and can be compute-bound. A state small enough for the "
+                  "CPU's caches moves faster than memory does, so time / bound below 1 "
+                  "means the state stayed in cache."),
+            ("table", bandwidth_table(dec, read, meta))]
     blocks += [("h", 3, "Achieved bandwidth"),
                ("p", "Decoding is memory-bound. The read bound assumes a step moves the "
                      "state's bytes in the state's own dtype (what state_nbytes counts, "
@@ -250,5 +266,5 @@ def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tupl
                         "a sum over a 1 GiB float32 tensor); the read bound is the moved "
                         "bytes at that rate." if read else
                         "; this run's meta.json has no read rate to set it against.")),
-               ("table", bandwidth_table(dec, read))]
+               ("table", bandwidth_table(dec, read, meta if has_roofline(dec) else None))]
     return blocks
