@@ -16,7 +16,10 @@ of their time divided by T.
 `decode_state_mib` is `state_nbytes` at context N, `peak_mem_mib` one step's peak above
 what is resident, `state_mib` what the prefilled state left resident, `decode_read_mib` the
 bytes a step moves (`traffic_mib`): what it reads of its state and, for a state rewritten
-every step, what it writes back, in the state's own element size.
+every step, what it writes back, in the state's own element size; `decode_flops` the FLOPs
+of one generated token (`step_flops`: the variant's `decode_flops_at`, batch included),
+which the report's roofline bound sets against the run's matmul rate beside the moved
+bytes against its read rate.
 
 The T outputs are compared with an independent float64 reference over the same context:
 exact causal attention (`accuracy.DecodeReference`, an online softmax over the chunks), or,
@@ -36,9 +39,9 @@ draws its own context, tokens and gate parameters from every seed above plus
 l * LAYER_SEED (layer 0 draws what the plain variant draws), prefills its own state, and a
 timed repeat is the T tokens each stepped through every layer in turn (token by token, as
 a model generates), after the rewind of every layer's state. `prefill_ms`,
-`decode_state_mib` and `decode_read_mib` are the sums over the layers; the error columns
-stay empty, with the reason (`layers.NO_REFERENCE`): the row has no single reference, and
-each mixer's own decoding keeps its own tests.
+`decode_state_mib`, `decode_read_mib` and `decode_flops` are the sums over the layers; the
+error columns stay empty, with the reason (`layers.NO_REFERENCE`): the row has no single
+reference, and each mixer's own decoding keeps its own tests.
 """
 
 from __future__ import annotations
@@ -216,6 +219,14 @@ def traffic_mib(case, module, state) -> float | None:
     return case.batch * (heads_read * read + heads_written * write) * per_element / memory.MIB
 
 
+def step_flops(case, module) -> int | None:
+    """FLOPs of one generated token at context N, batch included: the variant's
+    `decode_flops_at` (a stack's: the sum over its layers) times B; None where it does not
+    say."""
+    per = module.decode_flops_at(case.seq_len, case.shape)
+    return None if per is None else case.batch * per
+
+
 def _sum_or_none(values):
     values = list(values)
     return None if None in values else sum(values)
@@ -275,7 +286,8 @@ def measure(case, module, device, part: str) -> dict:
                 decode_state_mib=sum(m.state_nbytes(s) for m, s in zip(mods, states))
                 / memory.MIB,
                 decode_read_mib=_sum_or_none(traffic_mib(case, m, s)
-                                             for m, s in zip(mods, states)))
+                                             for m, s in zip(mods, states)),
+                decode_flops=step_flops(case, module))
         t = timing.time_call(run, min_run_time=case.min_run_time_s / case.rounds,
                              min_repeats=-(-case.min_repeats // case.rounds), warmup=0,
                              call_s=call_s, device=device, setup=rewind)

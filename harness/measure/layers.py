@@ -76,6 +76,12 @@ class Stack:
         sizes = [m.state_size(N, D) for m in self.layers]
         return None if None in sizes else sum(sizes)
 
+    def decode_flops_at(self, N: int, s) -> int | None:
+        """A token's step through every layer: the sum of the layers' (None when one does
+        not say)."""
+        flops = [m.decode_flops_at(N, s) for m in self.layers]
+        return None if None in flops else sum(flops)
+
     def keys_per_query(self, N: int, causal: bool = False) -> None:
         return None  # no one budget: each layer attends its own way
 

@@ -6,6 +6,15 @@ decode row has one of two references (err_ref), each in tables of its own: float
 causal attention (softmax), or a recurrence's own float64 form (recurrence). The read
 bound is the bytes a step moves (decode_read_mib: the state in its own dtype, read, and
 written back where the step rewrites it) at the read rate measured in the same run.
+
+The roofline bound (`roofline`) is the larger of the read bound and the compute bound, the
+step's FLOPs (decode_flops) at the matmul rate of the row's device and dtype that
+meta.json records (FlashAttention's hopper/benchmark_mla_decode.py sets a decode step
+against ideal = max(time at the memory rate, time at the FLOP rate)); `bound` names the
+larger. It is computed here, from results.csv and meta.json, not when the row is written:
+the matmul rate is the median of samples taken through the run, known only at its end,
+and a folder written before decode_flops keeps its read bound: its tables and text render
+as they did (`has_roofline`).
 """
 
 from __future__ import annotations
@@ -68,9 +77,49 @@ def bound_ms(ok: pd.DataFrame, read_gbps: float | None) -> pd.Series:
     return moved_mib(ok) * MIB / (read_gbps * 1e9) * 1e3
 
 
-def bandwidth_table(dec: pd.DataFrame, read_gbps: float | None) -> pd.DataFrame:
+def has_roofline(dec: pd.DataFrame) -> bool:
+    """Whether the decode rows count their steps' FLOPs (decode_flops): a folder written
+    before the column has its read bound alone."""
+    return "decode_flops" in dec and bool(dec["decode_flops"].notna().any())
+
+
+def compute_ms(ok: pd.DataFrame, meta: dict) -> pd.Series:
+    """The compute bound of each decode row (ms): decode_flops at the matmul rate meta.json
+    records for the row's device and dtype (tables.matmul_rates); NaN where the row has no
+    FLOP count (a variant that does not say) or the run no rate for its device and dtype."""
+    if "decode_flops" not in ok:
+        return pd.Series(float("nan"), index=ok.index)
+    rates = T.matmul_rates(meta)
+    rate = pd.Series([rates.get(f"{d} {t}", float("nan"))
+                      for d, t in zip(ok["device"], ok["dtype"])], index=ok.index, dtype=float)
+    return ok["decode_flops"].astype(float) / (rate * 1e9) * 1e3
+
+
+def roofline(ok: pd.DataFrame, meta: dict) -> tuple[pd.Series, pd.Series]:
+    """(bound ms, bound) of each decode row: the larger of its read bound (bound_ms) and its
+    compute bound (compute_ms), and which of the two it is, "read" or "compute"; a row
+    without a compute bound keeps its read bound, "read"."""
+    read = bound_ms(ok, meta.get("read_bandwidth_gbps"))
+    comp = compute_ms(ok, meta)
+    over = comp > read  # False where either is NaN
+    return read.where(~over, comp), over.map({True: "compute", False: "read"})
+
+
+def _roofline_columns(out: pd.DataFrame, ok: pd.DataFrame, meta: dict) -> None:
+    """The roofline's columns of a table of `ok` rows, in place: both bounds, which binds,
+    the time over it."""
+    bound, which = roofline(ok, meta)
+    out["read bound ms"] = bound_ms(ok, meta.get("read_bandwidth_gbps")).map(T.fmt_num).values
+    out["compute bound ms"] = compute_ms(ok, meta).map(T.fmt_num).values
+    out["bound"] = which.values
+    out["time / bound"] = (ok["time_ms"] / bound).map(lambda x: f"{x:.2f}").values
+
+
+def bandwidth_table(dec: pd.DataFrame, read_gbps: float | None,
+                    meta: dict | None = None) -> pd.DataFrame:
     """Bytes a step moves over the time per token: the bandwidth it achieves, against the
-    read rate, and its time over its read bound."""
+    read rate, and its time over its read bound; with `meta` (a run whose rows count their
+    FLOPs), its FLOPs a byte and its time over its roofline bound instead."""
     ok = T.ok_rows(dec)
     if ok.empty or "decode_state_mib" not in ok:
         return pd.DataFrame()
@@ -82,26 +131,40 @@ def bandwidth_table(dec: pd.DataFrame, read_gbps: float | None) -> pd.DataFrame:
                         "moved MiB": moved.map(T.fmt_num),
                         "ms / token": ok["time_ms"].map(T.fmt_num),
                         "GB/s moved": gbps.map(lambda x: f"{x:.2f}")})
+    if meta is not None:
+        out["FLOPs / byte"] = (ok["decode_flops"].astype(float) / (moved * MIB)).map(T.fmt_num)
     if read_gbps:
-        bound = bound_ms(ok, read_gbps)
         out["of the read rate"] = (gbps / read_gbps).map(lambda x: f"{x:.0%}")
-        out["read bound ms"] = bound.map(T.fmt_num)
-        out["time / read bound"] = (ok["time_ms"] / bound).map(lambda x: f"{x:.2f}")
+        if meta is not None:
+            _roofline_columns(out, ok, {**meta, "read_bandwidth_gbps": read_gbps})
+        else:
+            bound = bound_ms(ok, read_gbps)
+            out["read bound ms"] = bound.map(T.fmt_num)
+            out["time / read bound"] = (ok["time_ms"] / bound).map(lambda x: f"{x:.2f}")
     return out.sort_values(["variant", "batch", "context"]).reset_index(drop=True)
 
 
-def exact_bound_table(g: pd.DataFrame, read_gbps: float) -> pd.DataFrame:
+def exact_bound_table(g: pd.DataFrame, read_gbps: float,
+                      meta: dict | None = None) -> pd.DataFrame:
     """Per context: the fastest exact path's time per token over its read bound, the
-    baseline every "× faster than exact" divides by."""
+    baseline every "× faster than exact" divides by; with `meta` (a run whose rows count
+    their FLOPs), over its roofline bound, with both bounds and which binds."""
     ok = T.ok_rows(g)
     ok = ok[T.is_exact(ok)].assign(bound_ms=lambda d: bound_ms(d, read_gbps))
     rows = []
     for n, h in ok.groupby("seq_len", sort=True):
-        ex = h.loc[h["time_ms"].idxmin()]
-        rows.append({"context": int(n), "exact path": ex["label"],
-                     "ms / token": T.fmt_num(ex["time_ms"]),
-                     "read bound ms": T.fmt_num(ex["bound_ms"]),
-                     "time / read bound": f"{ex['time_ms'] / ex['bound_ms']:.2f}"})
+        ex = h.loc[[h["time_ms"].idxmin()]]
+        row = {"context": int(n), "exact path": ex["label"].iloc[0],
+               "ms / token": T.fmt_num(ex["time_ms"].iloc[0])}
+        if meta is None:
+            row.update({"read bound ms": T.fmt_num(ex["bound_ms"].iloc[0]),
+                        "time / read bound":
+                        f"{ex['time_ms'].iloc[0] / ex['bound_ms'].iloc[0]:.2f}"})
+        else:
+            cols = pd.DataFrame(index=[0])
+            _roofline_columns(cols, ex, {**meta, "read_bandwidth_gbps": read_gbps})
+            row.update(cols.iloc[0].to_dict())
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -149,7 +212,7 @@ def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tupl
                    *_error_blocks(g),
                    ("p", "Decodes faster than exact attention from"),
                    ("table", faster_than_exact_from(g))]
-        bound = exact_bound_table(g, read) if read else pd.DataFrame()
+        bound = exact_bound_table(g, read, meta if has_roofline(g) else None) if read else pd.DataFrame()
         blocks += [("p", "How far the exact path, the baseline of every × faster than exact, "
                          "is from its read bound in this run (time per token over the time "
                          "to move its cache at the read rate; 1 is the memory's limit, below "
@@ -173,6 +236,22 @@ def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tupl
                                                      "time per token over\nits read bound",
                                                      pdir / "decode_bound.png"),
                            "time per generated token over its read bound, against context"))
+    if read and has_roofline(dec):
+        rates = ", ".join(f"matmul {k} {v:.0f} GFLOP/s"
+                          for k, v in sorted(T.matmul_rates(meta).items()))
+        return blocks + [
+            ("h", 3, "Achieved bandwidth and the roofline bound"),
+            ("p", "Each row's roofline bound is the larger of its read bound (the bytes a "
+                  "step moves, decode_read_mib, at the read rate measured in this run: "
+                  f"{read:.1f} GB/s, a sum over a 1 GiB float32 tensor) and its compute "
+                  "bound (its FLOPs, decode_flops, at the matmul rate of its device and "
+                  f"dtype measured in this run: {rates or 'none recorded'}); bound names "
+                  "the larger. A key-value cache does about one FLOP a byte and is "
+                  "read-bound; a grouped or latent cache, read once for several query "
+                  "heads, does more and can be compute-bound. A state small enough for the "
+                  "CPU's caches moves faster than memory does, so time / bound below 1 "
+                  "means the state stayed in cache."),
+            ("table", bandwidth_table(dec, read, meta))]
     blocks += [("h", 3, "Achieved bandwidth"),
                ("p", "Decoding is memory-bound. The read bound assumes a step moves the "
                      "state's bytes in the state's own dtype (what state_nbytes counts, "
@@ -187,5 +266,5 @@ def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tupl
                         "a sum over a 1 GiB float32 tensor); the read bound is the moved "
                         "bytes at that rate." if read else
                         "; this run's meta.json has no read rate to set it against.")),
-               ("table", bandwidth_table(dec, read))]
+               ("table", bandwidth_table(dec, read, meta if has_roofline(dec) else None))]
     return blocks

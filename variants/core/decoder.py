@@ -155,6 +155,25 @@ class Decoder:
             return 2 * D
         return self.decode_read_size(N, D)
 
+    def decode_flops_at(self, N: int, s) -> int | None:
+        """FLOPs of one decoding step at context N, per batch element, all heads, for a
+        case of its own heads and widths (`contract.Shape`); None where the variant does
+        not say. A step's FLOPs over its moved bytes say whether it is bound by the read
+        or by the arithmetic (the report's roofline bound, harness.report.generation).
+        Counted as the decoder computes them: every matrix product of (m, k) by (k, n)
+        as 2 m k n (as torch.utils.flop_counter counts it, and as the matmul rate is
+        measured), an elementwise update of a state matrix as one FLOP an element;
+        elementwise work on vectors of D, Dv or n numbers a head (feature maps, gates, a
+        softmax's exp and sum) is left out: a D-th or less of the rest."""
+        return None
+
+    def softmax_step_flops(self, n: float, s) -> int:
+        """One query row of softmax attention over n keys, per batch element: q k^T (2 n
+        Dk) and p v (2 n Dv) for each output head (each query head does its own dot
+        products even where query heads share a key-value head); the softmax's exp, sum
+        and division are O(n) a head against O(n D), and left out."""
+        return round(2 * s.out_heads * n * (s.D + s.Dv))
+
     def state_nbytes(self, state: DecodeState) -> int:
         """Bytes the decoding state holds (its preallocated tensors)."""
         return state.nbytes()

@@ -49,6 +49,11 @@ class _Exact(CacheDecoder, Variant):
             return super().state_size_at(N, s)
         return s.Hk * N * (s.D + s.Dv)  # one cache per key-value head
 
+    def decode_flops_at(self, N, s):
+        # One query row over the context's N cached keys (state_size's; the step's own key
+        # is one more, a 1/N share left out as the read bound leaves it).
+        return self.softmax_step_flops(N, s)
+
     def decode_prefill(self, k, v, max_len, sinks=None):
         return ExactCache.prefill(k, v, max_len)  # preallocated, written in place per token
 

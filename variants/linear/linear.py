@@ -188,6 +188,17 @@ class _KernelDecoding:
         state.S.add_(fk.transpose(-1, -2) @ v)  # (B, H, M, D)
         state.z.add_(fk_sum)
 
+    def decode_flops_at(self, N, s):
+        """`decode_step` per head, its sums S (M, D) and z (M): the key's write
+        phi(k)^T v (2 M D) added into S (M D), the read phi(q) S (2 M D) and its
+        normaliser phi(q) z (2 M), and what the feature map adds (`_step_feature_flops`)."""
+        D = s.D
+        M = self.state_size(1, D) // (D + 1)
+        return s.out_heads * (5 * M * D + 2 * M + self._step_feature_flops(D, M))
+
+    def _step_feature_flops(self, D: int, M: int) -> int:
+        return 0  # elu + 1: elementwise on D numbers
+
     def decode_prefill(self, k, v, max_len):
         B, H, N, D = k.shape
         dt = compute_dtype(k.dtype)
@@ -361,6 +372,11 @@ class Performer(_KernelDecoding, Variant):
 
     def decode_fmap(self, D, dtype, device):
         return self.feature_map(D, dtype, device), torch.finfo(compute_dtype(dtype)).tiny
+
+    def _step_feature_flops(self, D, M):
+        # The query's and the key's projections x w^T (2 D M each), the rescale of S
+        # when the key scale grows (M D, made every step).
+        return 4 * D * M + M * D
 
     def extra_decode_reasons(self):
         if self.params.redraw:

@@ -132,6 +132,19 @@ class Recurrent(RecurrentDecoding, Variant):
     def state_size(self, N, D):
         return D * D
 
+    def decode_flops_at(self, N, s):
+        """`decoding.decode_step` per value head, its state S (D, Dv): the write k^T w
+        (a (D, 1) by (1, Dv) product added into S, 2 D Dv), the read q S (2 D Dv), the
+        decay's scaling of S (D Dv) where a step decays, the delta rule's k S (2 D Dv)
+        for its erase; whatever the context."""
+        per = 4 + (1 if self.step_decays else 0) + (2 if self.delta else 0)
+        return s.out_heads * per * s.D * s.Dv
+
+    @property
+    def step_decays(self) -> bool:
+        """Whether a step scales its state by a decay: a declared gate g."""
+        return any(i.name == "g" for i in self.contract.inputs)
+
     def _chunked(self, q, k, v, g, beta, S=None):
         raise NotImplementedError
 
@@ -156,6 +169,7 @@ class Retention(Recurrent):
     paper = "https://arxiv.org/abs/2307.08621"
     # Head h decays by its own γ_h: heads are not interchangeable.
     contract = Recurrent.contract.but(output_layer="group_swish", per_head_schedule=True)
+    step_decays = True  # by its fixed γ_h, no declared gate
 
     def _terms(self, q, k, v, inputs):
         return q, k, v, retention_log_decay(q), None

@@ -74,6 +74,17 @@ class BlockDecoding:
         stats = nb * s.D * (1 if self.block_stat == "sum" else 2)
         return s.Hk * (stats + min(r * kk * b, N) * (s.D + s.Dv))
 
+    def decode_flops_at(self, N, s):
+        """`decode_step` at context N (the new token is token N, in block own = N // b):
+        the gate against the own earlier, complete blocks (`gate_flops` D a block), then
+        softmax over the b keys of each block read, the own one whole (its later keys are
+        masked after they are scored); kk as `decode_read_size` counts it."""
+        b = self.block
+        own = N // b
+        m = min(max(1, min(self.params.top_k, block_count(N, b))) - 1, own)
+        gate = s.out_heads * self.gate_flops * s.D * own if m > 0 else 0
+        return gate + self.softmax_step_flops((1 + m) * b, s)
+
     def decode_prefill(self, k, v, max_len):
         B, H, N, D = k.shape
         b, nb, cd = self.block, block_count(max_len, self.block), compute_dtype(k.dtype)

@@ -199,6 +199,9 @@ class SlidingWindow(Sinks, CacheDecoder, Variant):
     def state_size_at(self, N, s):
         return s.Hk * min(self.params.window + 1, N) * (s.D + s.Dv)  # a ring per kv head
 
+    def decode_flops_at(self, N, s):
+        return self.softmax_step_flops(min(self.params.window + 1, N), s)  # the ring's keys
+
     def decode_prefill(self, k, v, max_len, sinks=None):
         # Query i sees i - window .. i: a ring of the last window + 1 keys and values.
         return RingKV.prefill(k, v, min(self.params.window + 1, max(max_len, 1)))

@@ -155,6 +155,10 @@ class Streaming(CacheDecoder, Variant):
             outs.append(torch.softmax(scores, dim=-1) @ vals)
         return torch.cat(outs, dim=2) if outs else q.clone()
 
+    def decode_flops_at(self, N, s):
+        # The sink tokens and the window's keys (state_size's count at context N).
+        return self.softmax_step_flops(min(N, self.params.window + self.params.sink_tokens), s)
+
     def decode_prefill(self, k, v, max_len):
         # A sequence no longer than the window never leaves the ring: no sink slots then;
         # else the first sink_tokens, and no more than the tokens past the window.

@@ -171,6 +171,12 @@ class BlockSparse(CacheDecoder, Variant):
         per_row = float(self._layout(N).sum(dim=1, dtype=torch.float64).mean())
         return min(per_row * self.params.block_size, N)
 
+    def decode_flops_at(self, N, s):
+        """Softmax over the keys `decode_read_size` counts: a row block's layout blocks,
+        the mean over row blocks."""
+        per_row = float(self._layout(N).sum(dim=1, dtype=torch.float64).mean())
+        return self.softmax_step_flops(min(per_row * self.params.block_size, N), s)
+
     def decode_prefill(self, k, v, max_len):
         # The layout is the one of the whole sequence's length (its random blocks are
         # drawn for it); the new row attends to its row block's key blocks, j <= i.
