@@ -281,6 +281,7 @@ def test_the_section_says_roofline_where_rows_count_flops_and_read_where_not(tmp
             assert "time / read bound" not in cols
     assert "Decoding is memory-bound." in texts["old"] and "roofline" not in texts["old"]
     assert "roofline bound" in texts["new"] and "memory-bound." not in texts["new"]
+    assert "from its read bound" in texts["old"] and "from its read bound" not in texts["new"]
     assert f"matmul cpu float32 {RATE:.0f} GFLOP/s" in texts["new"]
 
 

@@ -212,8 +212,15 @@ def generation_blocks(dec: pd.DataFrame, meta: dict, run_dir: Path) -> list[tupl
                    *_error_blocks(g),
                    ("p", "Decodes faster than exact attention from"),
                    ("table", faster_than_exact_from(g))]
-        bound = exact_bound_table(g, read, meta if has_roofline(g) else None) if read else pd.DataFrame()
+        roof = has_roofline(g)
+        bound = exact_bound_table(g, read, meta if roof else None) if read else pd.DataFrame()
         blocks += [("p", "How far the exact path, the baseline of every × faster than exact, "
+                         "is from its roofline bound in this run (time per token over the "
+                         "larger of the time to move its cache at the read rate and the time "
+                         "of its FLOPs at the matmul rate; 1 is the machine's limit, below "
+                         "it the cache fits the CPU's caches; above it, a × faster is that "
+                         "much larger than against a baseline at the bound):" if read and roof
+                    else "How far the exact path, the baseline of every × faster than exact, "
                          "is from its read bound in this run (time per token over the time "
                          "to move its cache at the read rate; 1 is the memory's limit, below "
                          "it the cache fits the CPU's caches; above it, a × faster is that "
