@@ -10,7 +10,8 @@ earlier key) makes `check` fail.
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from dispatch_probe import LargestOutput
 
 import variants
 from variants.learned_sparse import dsa_reference, gathered
@@ -143,19 +144,6 @@ def test_a_step_reads_the_indexer_keys_and_the_selected_tokens():
     assert light.state_size_at(10_000, s) == 2 * 10_000 * 96 + 10_000 * DI
 
 
-class _Largest(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("indexer", ["heads", "lightning"])
 def test_no_tensor_grows_as_n_squared(indexer, monkeypatch):
     """Forward and backward at N = 2048 with small chunk budgets: the largest tensor is a
@@ -166,7 +154,7 @@ def test_no_tensor_grows_as_n_squared(indexer, monkeypatch):
     q, k, v, ins = case(N, B=1, H=2, Hk=1, D=8, Dv=8, grad=True, indexer=indexer)
     q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
     ins = {n: x.float() for n, x in ins.items()}
-    watch = _Largest()
+    watch = LargestOutput()
     with watch:
         build(indexer, 16)(q, k, v, causal=True, **ins).sum().backward()
     assert watch.largest <= N * N // 8, watch.largest
