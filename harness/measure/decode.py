@@ -195,28 +195,21 @@ def steps(mods, states, toks):
 
 def traffic_mib(case, module, state) -> float | None:
     """MiB a step moves at context N, batch and heads included: what it reads of its state
-    (`decode_read_size`) and what it writes (`decode_write_size`: the whole state again
-    where the step rewrites it), in the state's own element size (`state_nbytes` over its
+    (`decode_read_size_at`: all of it, or a sparse decoder's chosen blocks, and shared
+    indexer keys once) and what it writes (the new token, or the whole state again where
+    the step rewrites it), in the state's own element size (`state_nbytes` over its
     elements: a recurrence keeps a float32 state for a bfloat16 case)."""
     N, D, s = case.seq_len, case.head_dim, case.shape
-    if not s.grouped and s.Dv == D:  # per head, times the heads (the case it always was)
-        read = module.decode_read_size(N, D)
-        write = module.decode_write_size(N, D, state)
-        if read is None or write is None:
-            return None
-        heads_read = heads_written = case.heads
-    else:  # per batch element, all heads: Hk caches, Hv states, Dv wide
-        read = module.decode_read_size_at(N, s)
-        if read is None:
-            return None
-        # A cache that appends writes the new token's key and value in each head it holds
-        # (Hk natively, one per output head where the grouping repeats); any other state
-        # is rewritten whole: what it reads.
-        write = state.heads() * (D + s.Dv) if state.appends else read
-        heads_read = heads_written = 1
+    read = module.decode_read_size_at(N, s)  # per batch element, all heads, Dv wide
+    if read is None:
+        return None
+    # A cache that appends writes the new token's key and value in each head it holds (Hk
+    # natively, one per output head where the grouping repeats); any other state is
+    # rewritten whole: what it reads.
+    write = state.heads() * (D + s.Dv) if state.appends else read
     elements = sum(t.numel() for t in state.tensors())
     per_element = module.state_nbytes(state) / elements if elements else 0.0
-    return case.batch * (heads_read * read + heads_written * write) * per_element / memory.MIB
+    return case.batch * (read + write) * per_element / memory.MIB
 
 
 def step_flops(case, module) -> int | None:

@@ -146,15 +146,6 @@ class Decoder:
             return None if per_head is None else s.out_heads * per_head
         return self.state_size_at(N, s)
 
-    def decode_write_size(self, N: int, D: int, state: DecodeState) -> int | None:
-        """Elements a decoding step writes per (batch, head) at context N: into a state
-        that `appends` (a cache of keys and values) the new token's key and value, 2 D; any
-        other state is rewritten whole every step (a recurrence's or a kernel's
-        S <- f(S)): what it reads, written back."""
-        if state.appends:
-            return 2 * D
-        return self.decode_read_size(N, D)
-
     def decode_flops_at(self, N: int, s) -> int | None:
         """FLOPs of one decoding step at context N, per batch element, all heads, for a
         case of its own heads and widths (`contract.Shape`); None where the variant does
