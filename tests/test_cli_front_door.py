@@ -116,6 +116,16 @@ def test_list_fits_100_columns_with_decode_and_devices(capsys):
     assert "num_landmarks=" in wide
 
 
+def test_list_spec_prints_the_declared_contract(capsys):
+    """`list --spec NAME` prints one variant's contract (it raised NameError once: the
+    table's formatter was never imported)."""
+    rc, out, _ = _main(["list", "--spec", "sdpa"], capsys)
+    assert rc == 0 and out.startswith("sdpa (exact")
+    assert any(ln.split()[:2] == ["exactness", "exact"] for ln in out.splitlines())
+    rc, _, err = _main(["list", "--spec", "no_such_variant"], capsys)
+    assert rc == 2 and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("value", ["10", "1.5", "150%", "-0.1"])
 def test_compare_threshold_above_one_is_exit_2_one_line(tmp_path, capsys, value):
     rc, out, err = _main(["compare", str(tmp_path), str(tmp_path), "--threshold", value],

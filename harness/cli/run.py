@@ -37,6 +37,7 @@ from harness.errors import UsageError
 from harness.measure.store import RunStore, matmul_fp32_gflops
 from harness.measure.inputs import DISTRIBUTIONS
 from harness.measure.worker import import_extra
+from tabulate import tabulate
 
 # The narrowing flags: flag dest -> (matrix key, element type).
 _OVERRIDES = {"variants": ("variants", str), "seq_lens": ("seq_lens", int),
