@@ -334,6 +334,6 @@ def test_the_lm_and_state_presets_train_what_the_issue_asks():
                     ("gated_deltanet", 2.0)}
     assert {(c.task, c.seq_len) for c in state} == {
         (t, n) for t in ("parity", "mod_sum") for n in (16, 64)}
-    assert all(len(c.seeds) == 2 for c in state)
+    assert all(len(c.seeds) == 2 and c.heads == 4 for c in state)
     gpu = tm.normalise({k: v for k, v in read_toml("lm-gpu").items() if k != "workers"})
     assert {c.device for c in tm.expand(gpu)} == {"cuda"}
