@@ -176,6 +176,17 @@ class Decoder:
     def decode_step(self, state, q, k, v, **inputs):
         raise NotImplementedError
 
+    def decode_reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         **inputs: torch.Tensor):
+        """The float64 reference of T generated tokens (q, k, v and inputs of those tokens,
+        (B, H, T, D)) that the decode pass feeds the context piece by piece: an object with
+        `add(q, k, v, inputs)` for each piece of context and `finish(q, k, v, inputs)` ->
+        the (B, H, T, Dv) float64 outputs; None (the default): the pass's own (exact
+        softmax, or `reference_from` for a variant measured against its own form). A
+        variant whose own reference would cost the square of the context (mla) gives one
+        that works on the T rows alone."""
+        return None
+
     def reference_from(self, state, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        **inputs: torch.Tensor) -> tuple[torch.Tensor, object]:
         """Where `err_ref` is not `softmax`: the float64 causal output of q, k, v (B, H, n, D)
