@@ -111,7 +111,7 @@ class Decoder:
                 k.shape[2] != v.shape[2]:
             raise ValueError(f"extend takes k, v of one (B, n) as (B, H, n, D), got "
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
-        H = max(state.heads(), v.shape[1])
+        H = max(state.query_heads(), v.shape[1])
         sizes = {"B": k.shape[0], "H": H, "N": k.shape[-2], "D": k.shape[-1]}
         if self.contract.inputs or inputs:
             check_inputs(self.name, self.contract.inputs, k, inputs, sizes=sizes)

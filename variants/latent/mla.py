@@ -100,6 +100,10 @@ class LatentCache(DecodeState):
     appends = True
     kc: torch.Tensor
     n: int
+    H: int  # the query heads it serves
+
+    def query_heads(self) -> int:
+        return self.H
 
     def mark(self) -> int:
         return self.n
@@ -247,7 +251,7 @@ class Mla(Variant):
             state = HeadsCache(k.new_empty(B, H, max_len, p.qk_nope_head_dim + p.qk_rope_head_dim),
                                v.new_empty(B, H, max_len, p.v_head_dim), 0)
         else:
-            state = LatentCache(k.new_empty(B, 1, max_len, self.row), 0)
+            state = LatentCache(k.new_empty(B, 1, max_len, self.row), 0, H)
         return self.decode_extend(state, k, v, **inputs)
 
     def decode_extend(self, state, k, v, q_nope=None, w_uk=None, w_uv=None):
