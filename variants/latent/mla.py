@@ -136,8 +136,10 @@ class Mla(Variant):
     family = "latent"
     Params = MlaParams
     paper = "https://arxiv.org/abs/2405.04434"
+    # The inputs at the default widths (what `list` shows); an instance declares its own.
     contract = Contract(exactness="own", decoding=True, extend=True,
-                        grouping=Grouping("kv", "native", value_dim=True))
+                        grouping=Grouping("kv", "native", value_dim=True),
+                        inputs=mla_inputs(128, 128, 512))
 
     def __init__(self, params=None):
         super().__init__(params)
