@@ -41,6 +41,7 @@ FAMILIES = {
     "library": {"core", "exact", "sliding_window", "sparse", "recurrent"},
     "routed": {"core"},
     "learned_sparse": {"core"},
+    "latent": {"core"},
     "floor": {"core"},
 }
 

@@ -17,6 +17,10 @@ from harness.train import matrix as tm
 from harness.train.runner import skip_reasons
 
 LIBRARY = ("_flex", "_sdpa_mask", "_xformers", "_fla")
+# Variants the recall model cannot hold, each with why: its block makes q, k, v of H heads
+# of d / H from the hidden state, and MLA's layer (a latent and a rotary key shared by
+# the heads, the up-projections w_uk and w_uv) is not built (docs/variants.md, mla).
+UNTRAINED = {"mla": "no MLA layer in the recall model"}
 
 
 def _trainable(configs) -> dict[str, list]:
@@ -31,7 +35,8 @@ def _trainable(configs) -> dict[str, list]:
 
 def test_train_quick_trains_every_variant_of_ours_on_two_settings_or_more():
     _, configs = tm.load("train-quick")
-    ours = [n for n in variants.names() if not n.endswith(LIBRARY)]
+    ours = [n for n in variants.names() if not n.endswith(LIBRARY) and n not in UNTRAINED]
+    assert set(UNTRAINED) <= set(variants.names())
     trainable = _trainable(configs)
     missing = [n for n in ours if len(set(trainable.get(n, []))) < 2]
     assert not missing, f"train-quick trains these on fewer than two settings: {missing}"

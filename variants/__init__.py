@@ -42,6 +42,7 @@ from . import linear  # noqa: E402,F401
 from . import band_lowrank  # noqa: E402,F401
 from . import routed  # noqa: E402,F401
 from . import learned_sparse  # noqa: E402,F401
+from . import latent  # noqa: E402,F401
 from . import recurrent  # noqa: E402,F401
 from . import library  # noqa: E402,F401
 from . import floor  # noqa: E402,F401

@@ -24,8 +24,10 @@ bytes against its read rate.
 The T outputs are compared with an independent float64 reference over the same context:
 exact causal attention (`accuracy.DecodeReference`, an online softmax over the chunks), or,
 for a variant measured against its own recurrence (`err_ref` = recurrence), its causal
-forward in float64 carried from chunk to chunk (`Variant.reference_from`): never its
-decoding form run again, so a wrong step shows in the row.
+forward in float64 carried from chunk to chunk (`Variant.reference_from`), or the
+variant's own `decode_reference` where it gives one (mla: an online softmax of the T new
+tokens over the latents, where its `reference_from` would cost the square of the
+context): never its decoding form run again, so a wrong step shows in the row.
 
 Chunk i of the context is drawn as an N = CHUNK sequence of its distribution from seed
 (seed * 1_000_003 + i); the new tokens from (seed * 1_000_003 + 999_983); their declared
@@ -236,8 +238,10 @@ def measure(case, module, device, part: str) -> dict:
         toks = [tokens(m, *d) for m, d in zip(mods, drawn)]
         reference = None
         if part == "time" and module.contract.err_ref is not None:  # a plain variant: one layer
-            reference = (RecurrenceReference(module) if module.contract.err_ref == "recurrence"
-                         else SoftmaxReference(drawn[0][0]))
+            q, k, v, inputs = drawn[0]
+            reference = module.decode_reference(q, k, v, **inputs) or (
+                RecurrenceReference(module) if module.contract.err_ref == "recurrence"
+                else SoftmaxReference(q))
         before = memory.resident_mib(device)
         states, prefill_s = [], 0.0
         for layer, m in enumerate(mods):

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -426,6 +427,10 @@ def expand(matrix: dict) -> list[Case]:
                 src = json.dumps(captures[dist], sort_keys=True) if dist in captures else ""
                 Hk, Hv, Dv = _captured_grouping(dist, info, asked, errors)
             Hk, Hv, Dv = grouped(name, H, D, Hk, Hv, Dv, errors)
+            if (Hk, Hv, Dv) != (None, None, None) and not stack.is_pattern(name):
+                # widths the setting's own parameters fix (mla's latent): bad input here
+                errors += _setting(name, params).shape_reasons(
+                    variants.Shape(B, H, N, D, Hk, Hv, Dv))
             c = Case(name, params, device, dtype, B, H, D, N, causal, pass_, dist, g["seed"],
                      float(g["min_run_time_s"]), g["min_repeats"], float(g["timeout_s"]),
                      g["threads"] or os.cpu_count() or 1, g["err_rows"], g["mem_limit_mib"], src,
@@ -434,6 +439,12 @@ def expand(matrix: dict) -> list[Case]:
     if errors:
         raise UsageError("; ".join(dict.fromkeys(errors)))
     return list(cases.values())
+
+
+@functools.lru_cache(maxsize=None)
+def _setting(name: str, params: str):
+    """The variant of a setting (params JSON), built once for the plan's shape checks."""
+    return variants.build(name, **json.loads(params))
 
 
 def grouped(name: str, H: int, D: int, Hk, Hv, Dv, errors: list[str]) -> tuple:

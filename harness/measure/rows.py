@@ -53,6 +53,8 @@ def skip_reasons(case: Case, module) -> list[str]:
                                           head_dim=case.head_dim, backward=case.backward)
     if case.shape.grouped or case.shape.Dv != case.head_dim:  # a grouping it refuses
         reasons += case.shape.check(module.contract.grouping, case.variant)
+    if not isinstance(module, layers.Stack):  # widths its parameters fix (mla's latent)
+        reasons += [r for r in module.shape_reasons(case.shape) if r not in reasons]
     if case.decode and module.contract.supports_causal:  # (a non-causal one's reason is above)
         reasons += module.decode_reasons()
         if case.input not in DISTRIBUTIONS:

@@ -111,7 +111,7 @@ class Decoder:
                 k.shape[2] != v.shape[2]:
             raise ValueError(f"extend takes k, v of one (B, n) as (B, H, n, D), got "
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
-        H = max(state.heads(), v.shape[1])
+        H = max(state.query_heads(), v.shape[1])
         sizes = {"B": k.shape[0], "H": H, "N": k.shape[-2], "D": k.shape[-1]}
         if self.contract.inputs or inputs:
             check_inputs(self.name, self.contract.inputs, k, inputs, sizes=sizes)
@@ -175,6 +175,17 @@ class Decoder:
 
     def decode_step(self, state, q, k, v, **inputs):
         raise NotImplementedError
+
+    def decode_reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         **inputs: torch.Tensor):
+        """The float64 reference of T generated tokens (q, k, v and inputs of those tokens,
+        (B, H, T, D)) that the decode pass feeds the context piece by piece: an object with
+        `add(q, k, v, inputs)` for each piece of context and `finish(q, k, v, inputs)` ->
+        the (B, H, T, Dv) float64 outputs; None (the default): the pass's own (exact
+        softmax, or `reference_from` for a variant measured against its own form). A
+        variant whose own reference would cost the square of the context (mla) gives one
+        that works on the T rows alone."""
+        return None
 
     def reference_from(self, state, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        **inputs: torch.Tensor) -> tuple[torch.Tensor, object]:

@@ -55,6 +55,12 @@ class DecodeState:
         """The head count it keeps (its first tensor's dim 1: (B, H, ...))."""
         return self.tensors()[0].shape[1]
 
+    def query_heads(self) -> int:
+        """The query heads its decoder serves, which size a piece of context's per-head
+        inputs (`Decoder.extend`): the heads it keeps, unless it keeps fewer (mla's one
+        latent for every head says its own)."""
+        return self.heads()
+
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)
                 if isinstance(getattr(self, f.name), torch.Tensor)]

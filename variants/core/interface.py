@@ -83,6 +83,15 @@ class Variant(Decoder, torch.nn.Module):
         """Variant-specific reasons (device, dtype, length); override where needed."""
         return []
 
+    def shape_reasons(self, s: Shape) -> list[str]:
+        """Why this setting cannot take a case of these heads and widths beyond what its
+        grouping says (`Shape.check`): widths its own parameters fix (mla's latent and
+        rotary key); empty when it can. A case that gives kv_heads, value_heads or
+        value_dim the setting cannot take is bad input (the matrix refuses it, exit 2); a
+        case that gives none (an `all` matrix's multi-head case) is a skipped row with
+        the reason."""
+        return []
+
     # -- the map --------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 causal: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
