@@ -33,7 +33,11 @@ def test_every_variant_declares_a_frozen_contract_and_spec_reads_it():
             cls.contract.exactness = "exact"
         assert s.exact == (s.contract.exactness == "exact")
         assert s.pattern_exact == (s.contract.exactness == "pattern")
-        assert s.err_ref == ("recurrence" if s.contract.exactness == "own" else "softmax")
+        assert s.err_ref == (s.contract.own_reference if s.contract.exactness == "own"
+                             else "softmax")
+        assert s.err_ref in ("softmax", "recurrence", "own_softmax")
+        # every own form but mla's latent softmax is a recurrence's
+        assert (s.err_ref == "own_softmax") == (name == "mla"), name
     assert not hasattr(Variant, "exact") and not hasattr(Variant, "inputs")
 
 

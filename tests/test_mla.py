@@ -233,6 +233,7 @@ def test_the_decode_pass_measures_it_against_its_reference(untimed, form):
     assert not rows.skip_reasons(case, m)
     r = decode.measure(case, m, torch.device("cpu"), "time")
     assert r["status"] == "ok" and r["rel_err"] < 1e-5 and r["row_cos"] > 0.99999, r
+    assert m.contract.err_ref == "own_softmax"  # its rows: its own exact softmax, not a recurrence
     row = 16 + 8 if form == "absorbed" else 3 * (12 + 8 + 10)
     read = 300 * row + 3 * 16 * (12 + 10)
     write = 16 + 8 if form == "absorbed" else None

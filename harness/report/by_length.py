@@ -24,7 +24,7 @@ def blocks(run: Run) -> list[tuple]:
             out += [("p", "state_mib (kept between calls, beside each call's peak)"),
                     ("table", T.metric_pivot(g, "state_mib"))]
         for rows, ref in ((T.against_softmax(g), "float64 exact attention"),
-                          (T.against_own(g), "each variant's own float64 recurrence")):
+                          (T.against_own(g), T.own_words(g))):
             if rows.empty:
                 continue
             out += [("p", f"rel_err against {ref}"),

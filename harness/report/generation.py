@@ -191,10 +191,15 @@ def _error_blocks(g: pd.DataFrame) -> list[tuple]:
                          "attention (err_ref softmax)"),
                    ("table", T.metric_pivot(soft, "row_cos", cos))]
     if not own.empty:
-        blocks += [("p", "rel_err of the generated tokens against each recurrence's own "
-                         "float64 reference (err_ref recurrence)"),
+        label = ("each recurrence's own float64 reference (err_ref recurrence)"
+                 if set(own["err_ref"]) == {"recurrence"} else
+                 "each variant's own float64 form (err_ref recurrence: its recurrence; "
+                 "own_softmax: the exact softmax of its own definition)")
+        blocks += [("p", f"rel_err of the generated tokens against {label}"),
                    ("table", T.metric_pivot(own, "rel_err", T.fmt_err)),
-                   ("p", "row_cos against the same reference (err_ref recurrence)"),
+                   ("p", "row_cos against the same reference" + (
+                       " (err_ref recurrence)" if set(own["err_ref"]) == {"recurrence"}
+                       else "")),
                    ("table", T.metric_pivot(own, "row_cos", cos))]
     return blocks
 

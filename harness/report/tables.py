@@ -77,6 +77,16 @@ def against_own(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["err_ref"].notna() & (df["err_ref"] != "softmax")]
 
 
+def own_words(df: pd.DataFrame) -> str:
+    """What the rows of `against_own` are measured against, in words: a recurrence's
+    float64 form, and where an `own_softmax` row is among them, that too."""
+    own = set(against_own(df)["err_ref"]) if "err_ref" in df.columns else set()
+    if "own_softmax" in own:
+        return ("each variant's own float64 form (a recurrence's sequential form; "
+                "the exact softmax of its own definition, err_ref own_softmax)")
+    return "each variant's own float64 recurrence"
+
+
 def metric_pivot(group: pd.DataFrame, metric: str, fmt=fmt_num) -> pd.DataFrame:
     """label x seq_len cells: the metric where ok, the status (oom, skipped, ...) where not."""
     cells = [fmt(v) if s == "ok" else s for v, s in zip(group[metric], group["status"])]

@@ -35,6 +35,9 @@ GroupedHeads = Literal["kv", "value"]
 GroupingHow = Literal["native", "repeat", "refuse"]
 
 EXACTNESS = ("exact", "pattern", "approximate", "own")
+# What an `own` variant's float64 form is: a recurrence's sequential form, or the exact
+# softmax of its own definition over keys and values it builds itself (mla's latent ones).
+OWN_REFERENCES = ("recurrence", "own_softmax")
 CAUSAL_MODES = ("both", "causal_only", "non_causal_only")
 GROUPED_HEADS = ("kv", "value")
 GROUPING_HOW = ("native", "repeat", "refuse")
@@ -117,10 +120,12 @@ class Contract:
     per_head_schedule: bool = False
     output_layer: str = ""
     floor: bool = False
+    own_reference: str = "recurrence"
 
     def __post_init__(self):
         _choice("exactness", self.exactness, EXACTNESS)
         _choice("causal", self.causal, CAUSAL_MODES)
+        _choice("own_reference", self.own_reference, OWN_REFERENCES)
         if self.causal != "both" and not self.refused_why:
             raise ContractError(f"causal = {self.causal!r} needs the reason the other mode is "
                                 "refused in refused_why")
@@ -156,8 +161,10 @@ class Contract:
 
     @property
     def err_ref(self) -> str:
-        """What its error is measured against: `softmax`, or `recurrence` (its own form)."""
-        return "recurrence" if self.exactness == "own" else "softmax"
+        """What its error is measured against: `softmax` (exact attention over its q, k, v),
+        or its own float64 form: `recurrence`, or `own_softmax` (exact softmax of its own
+        definition, as mla's latent keys and values)."""
+        return self.own_reference if self.exactness == "own" else "softmax"
 
     @property
     def supports_causal(self) -> bool:

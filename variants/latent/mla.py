@@ -137,7 +137,7 @@ class Mla(Variant):
     Params = MlaParams
     paper = "https://arxiv.org/abs/2405.04434"
     # The inputs at the default widths (what `list` shows); an instance declares its own.
-    contract = Contract(exactness="own", decoding=True, extend=True,
+    contract = Contract(exactness="own", own_reference="own_softmax", decoding=True, extend=True,
                         grouping=Grouping("kv", "native", value_dim=True),
                         inputs=mla_inputs(128, 128, 512))
 
