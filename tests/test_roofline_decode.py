@@ -108,8 +108,9 @@ def counted_step(name, N, B=2, H=4, D=16, params=None, **grouping):
     with torch.no_grad():
         state = m.prefill(k[:, :, :N], v[:, :, :N], max_len=N + 1, q_heads=Hq, **first)
         tok = m._expand_token(q[:, :, N:], k[:, :, N:], v[:, :, N:])
-        # The largest state matrix a head keeps, times B and the heads it is kept for.
-        big = max(t[0, 0].numel() for t in state.tensors() if t.dim() >= 3) * B * s.out_heads
+        # The state matrices of every head: the largest state tensor (one per output head,
+        # or a recurrence's packed (B, H, Dk, r Dv) holding its value heads' side by side).
+        big = max(t.numel() for t in state.tensors() if t.dim() >= 3)
         counter = FlopCounterMode(display=False, custom_mapping={aten.baddbmm_:
                                                                  _inplace_baddbmm})
         with counter, StateUpdates(big) as updates:

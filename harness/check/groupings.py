@@ -39,12 +39,23 @@ B = 2
 TOL64 = 1e-9  # float64 against float64: rounding only
 
 
+# Ops that make a tensor from another's dtype, device or shape, never from its numbers:
+# no copy of it (a kernel's output buffer, new_zeros on q's dtype).
+FACTORIES = {"new_zeros", "new_empty", "new_empty_strided", "new_ones", "new_full",
+             "zeros_like", "empty_like", "ones_like", "full_like"}
+
+
 class Repeats(TorchDispatchMode):
     """Watches a call for a repeat of the shared heads: an op whose inputs derive from the
     shared tensors alone (k and v for grouped keys; q and k for grouped values, views and
     elementwise results of them included) and that makes a new tensor of at least
     `threshold` elements. `found` lists each such op and its size, `largest` the largest
-    size. The scores (q k^T) derive from both sides and are not counted."""
+    size. The scores (q k^T) derive from both sides and are not counted. Not counted
+    either: a factory (`FACTORIES`: it reads no numbers), and an op with a floating-point
+    input of its own, derived from neither side, at least as large as its output: a
+    shared head's numbers combined with as many numbers made inside the call (a decay per
+    value head built from a fixed schedule, retention's γ_j, applied to the query-key
+    head's q k^T), not copied (a copy's other inputs are indices or smaller than it)."""
 
     def __init__(self, shared, others, threshold: int = 0):
         super().__init__()
@@ -56,10 +67,21 @@ class Repeats(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        ins = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-               if isinstance(t, torch.Tensor)}
+        if func.overloadpacket.__name__ in FACTORIES:
+            return out
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        ins = {t.untyped_storage().data_ptr() for t in tensors}
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if ins & self.shared and not ins & self.others:
+        # the numbers its floating-point inputs of neither side hold (their storage: an
+        # expanded view of a few numbers is still a few)
+        own = max((t.untyped_storage().nbytes() // t.element_size() for t in tensors
+                   if t.is_floating_point()
+                   and t.untyped_storage().data_ptr() not in self.shared | self.others),
+                  default=0)
+        if ins & self.shared and not ins & self.others and own >= max(
+                (t.numel() for t in outs), default=1):
+            pass  # per output head numbers of their own: neither a copy nor shared
+        elif ins & self.shared and not ins & self.others:
             for t in outs:
                 ptr = t.untyped_storage().data_ptr()
                 if ptr not in ins and t.numel() >= self.threshold:

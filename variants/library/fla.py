@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from ..core import NoParams, register
+from ..core import Grouping, NoParams, register
 from ..recurrent import GLA, DeltaNet, GatedDeltaNet, KimiDeltaAttention, Mamba2, Retention
 
 
@@ -31,9 +31,15 @@ def _missing() -> list[str]:
     return [m for m in ("fla", "triton") if importlib.util.find_spec(m) is None]
 
 
+# fla's kernels here take one value head a query-key head: grouped value heads are
+# repeated for them (the base class's `repeat`), their time and memory counting it.
+REPEAT = Grouping("value", "repeat")
+
+
 class _Fla:
     """fla's kernel in place of our chunked form; flops, weights and the float64 reference
-    are ours (the same recurrence). `kernel(q, k, v, g, beta)` on (B, N, H, ...) tensors."""
+    are ours (the same recurrence). `kernel(q, k, v, g, beta)` on (B, N, H, ...) tensors.
+    Each class declares its family's contract with the grouping `REPEAT`."""
     Params = NoParams
     fp32_ok: ClassVar[bool] = True
 
@@ -66,6 +72,7 @@ class _Fla:
 class RetentionFla(_Fla, Retention):
     """fla's chunk_retention: RetNet's retention, γ_h = 1 - 2^(-5-h) (fla's own schedule)."""
     name = "retention_fla"
+    contract = Retention.contract.but(grouping=REPEAT)
 
     def kernel(self, q, k, v, g, beta):
         from fla.ops.retention import chunk_retention
@@ -76,6 +83,7 @@ class RetentionFla(_Fla, Retention):
 class GLAFla(_Fla, GLA):
     """fla's chunk_gla: gated linear attention with a per-channel log-decay g."""
     name = "gla_fla"
+    contract = GLA.contract.but(grouping=REPEAT)
 
     def flops(self, B, H, N, D, causal=False):
         return GLA().flops(B, H, N, D, causal)
@@ -89,6 +97,7 @@ class GLAFla(_Fla, GLA):
 class Mamba2Fla(_Fla, Mamba2):
     """fla's chunk_simple_gla: a scalar log-decay per head and token (Mamba2's SSD core)."""
     name = "mamba2_fla"
+    contract = Mamba2.contract.but(grouping=REPEAT)
 
     def kernel(self, q, k, v, g, beta):
         from fla.ops.simple_gla import chunk_simple_gla
@@ -99,6 +108,7 @@ class Mamba2Fla(_Fla, Mamba2):
 class DeltaNetFla(_Fla, DeltaNet):
     """fla's chunk_delta_rule: the delta rule by the WY representation."""
     name = "deltanet_fla"
+    contract = DeltaNet.contract.but(grouping=REPEAT)
     fp32_ok = False
 
     def kernel(self, q, k, v, g, beta):
@@ -110,6 +120,7 @@ class DeltaNetFla(_Fla, DeltaNet):
 class GatedDeltaNetFla(_Fla, GatedDeltaNet):
     """fla's chunk_gated_delta_rule: Gated DeltaNet, a scalar log-decay g and beta."""
     name = "gated_deltanet_fla"
+    contract = GatedDeltaNet.contract.but(grouping=REPEAT)
 
     def kernel(self, q, k, v, g, beta):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -120,6 +131,7 @@ class GatedDeltaNetFla(_Fla, GatedDeltaNet):
 class KimiDeltaAttentionFla(_Fla, KimiDeltaAttention):
     """fla's chunk_kda: Kimi Delta Attention, a per-channel log-decay g and beta."""
     name = "kda_fla"
+    contract = KimiDeltaAttention.contract.but(grouping=REPEAT)
 
     def flops(self, B, H, N, D, causal=False):
         return KimiDeltaAttention().flops(B, H, N, D, causal)

@@ -68,13 +68,15 @@ class Recurrent(RecurrentDecoding, Variant):
     sequence that fits in one chunk)."""
     family = "recurrent"
     # Measured against its own float64 form; grouped value heads (fla's num_v_heads):
-    # value head j reads query-key head j // (Hv / Hk), its gates per value head.
+    # value head j reads query-key head j // (Hv / Hk), its gates per value head, run
+    # natively: q and k are never repeated; a query-key head's state is (Dk, r Dv), its r
+    # value heads side by side (chunked.py, decoding.py); values of their own width too.
     # output_layer: the paper's layer between the mixer and the output projection (a
     # per-head norm, an output gate), which a trained model builds around it:
     # harness.train.output_layer.
     contract = Contract(exactness="own", causal="causal_only", refused_why=CAUSAL_ONLY,
                         decoding=True, extend=True, weights=True,
-                        grouping=Grouping("value", "repeat"))
+                        grouping=Grouping("value", "native", value_dim=True))
     delta = False  # L2-normalises q and k (the delta rule's papers do)
 
     def _terms(self, q, k, v, inputs) -> tuple:
@@ -94,11 +96,11 @@ class Recurrent(RecurrentDecoding, Variant):
         (`chunked.stream`): the cast, the L2 normalisation and the chunk kernels on blocks
         of a few thousand tokens, the state carried between them. Neither form looks at
         the values to choose what it computes."""
-        B, H, N, D = q.shape
+        B, _, N, D = q.shape
         ct = compute_dtype(q.dtype)
         if N <= self.params.chunk:
             return self._whole(*self._in(q, k, v, inputs, ct)).to(q.dtype)
-        rows = block_rows(B, H, self._c(N), D)
+        rows = block_rows(B, v.shape[1], self._c(N), max(D, v.shape[-1]))
         return stream(lambda qb, kb, vb, ib, S: self._chunked(*self._in(qb, kb, vb, ib, ct), S),
                       q, k, v, inputs, rows, q.dtype)
 
@@ -113,14 +115,14 @@ class Recurrent(RecurrentDecoding, Variant):
         return recurrence(*self._in(q, k, v, inputs, torch.float64))
 
     def reference_from(self, state, q, k, v, **inputs):
-        """The causal forward in float64 from the state S (B, H, D, Dv) after the tokens
+        """The causal forward in float64 from the state S (B, H, Dk, r Dv) after the tokens
         before (None: zeros): (o, S after these). The chunkwise kernels, block by block as
         `attend` runs them, not the decoding form: a decode benchmark's reference."""
         self.check_call(q, k, v, True, **inputs)
         q, k, v, inputs = q.double(), k.double(), v.double(), {
             n: t.double() for n, t in inputs.items()}
-        B, H, N, D = q.shape
-        rows = block_rows(B, H, self._c(N), D)
+        B, _, N, D = q.shape
+        rows = block_rows(B, v.shape[1], self._c(N), max(D, v.shape[-1]))
         out = []
         for s in range(0, N, rows):
             o, state = self._chunked(*self._in(
@@ -131,6 +133,31 @@ class Recurrent(RecurrentDecoding, Variant):
 
     def state_size(self, N, D):
         return D * D
+
+    def state_size_at(self, N, s):
+        """A (Dk, Dv) state per value head, whatever the grouping: Hv Dk Dv numbers a batch
+        element (a query-key head's (Dk, r Dv) holds its r value heads'); q and k are
+        not kept."""
+        return s.Hv * s.D * s.Dv
+
+    def flops(self, B, H, N, D, causal=False):
+        return self._count(B, H, H, N, D, D)
+
+    def flops_at(self, s, causal=False):
+        """Natively grouped: the products a query-key head's r value heads share (Q K^T,
+        K K^T where no per-value-head decay enters them) once per query-key head, the
+        rest per value head, over Dv where they are the values'; repeated (fla's
+        kernels), every product per value head."""
+        Hqk = s.H if self.contract.grouping.how == "native" else s.Hv
+        return self._count(s.B, Hqk, s.Hv, s.N, s.D, s.Dv)
+
+    def _count(self, B, H, Hv, N, D, Dv):
+        shared, per = self._split_flops(N, self._c(N), D, Dv)
+        return B * (H * shared + Hv * per)
+
+    def _split_flops(self, N, C, D, Dv) -> tuple[int, int]:
+        """Forward FLOPs of one (batch, query-key head) and of one (batch, value head)."""
+        raise NotImplementedError
 
     def decode_flops_at(self, N, s):
         """`decoding.decode_step` per value head, its state S (D, Dv): the write k^T w
@@ -155,10 +182,11 @@ class Recurrent(RecurrentDecoding, Variant):
         return chunk_length(N, self.params.chunk)
 
 
-def _linear_flops(N, C, D):
-    """Per (batch, head): Q K^T and its product with V in each chunk (4 N C D), the chunk
-    states K^T V and the inter-chunk Q S (4 N D^2; none in the one-chunk form)."""
-    return 4 * N * C * D + (4 * N * D * D if N > C else 0)
+def _linear_flops(N, C, D, Dv):
+    """(per query-key head, per value head): Q K^T in each chunk (2 N C D); its product
+    with V (2 N C Dv), the chunk states K^T V and the inter-chunk Q S (4 N D Dv; none in
+    the one-chunk form)."""
+    return 2 * N * C * D, 2 * N * C * Dv + (4 * N * D * Dv if N > C else 0)
 
 
 @register
@@ -172,7 +200,7 @@ class Retention(Recurrent):
     step_decays = True  # by its fixed γ_h, no declared gate
 
     def _terms(self, q, k, v, inputs):
-        return q, k, v, retention_log_decay(q), None
+        return q, k, v, retention_log_decay(v), None  # γ per value head
 
     def _chunked(self, q, k, v, g, beta, S=None):
         return chunk_scalar_gate(q, k, v, g, self.params.chunk, S)
@@ -180,14 +208,16 @@ class Retention(Recurrent):
     def _whole(self, q, k, v, g, beta):
         return whole_scalar_gate(q, k, v, g)
 
-    def flops(self, B, H, N, D, causal=False):
-        return B * H * _linear_flops(N, self._c(N), D)
+    def _split_flops(self, N, C, D, Dv):
+        return _linear_flops(N, C, D, Dv)
 
 
-def retention_log_decay(q: torch.Tensor) -> torch.Tensor:
-    """log γ_h for each head h = 0..H-1, expanded to (B, H, N) (a view: read only)."""
-    B, H, N, _ = q.shape
-    return _head_log_decay(H, q.dtype, q.device)[None, :, None].expand(B, H, N)
+def retention_log_decay(v: torch.Tensor) -> torch.Tensor:
+    """log γ_h for each value head h = 0..Hv-1, expanded to (B, Hv, N) (a view: read only);
+    v (B, Hv, N, Dv). Grouped value heads decay each by its own γ, as the same heads
+    ungrouped (q and k repeated) do."""
+    B, H, N, _ = v.shape
+    return _head_log_decay(H, v.dtype, v.device)[None, :, None].expand(B, H, N)
 
 
 @functools.lru_cache(maxsize=None)
@@ -213,11 +243,10 @@ class GLA(Recurrent):
     def _whole(self, q, k, v, g, beta):
         return whole_channel_gate(q, k, v, g, self.params.sub_chunk)
 
-    def flops(self, B, H, N, D, causal=False):
-        # The per-channel scores' lower triangle (N C D: quadrant matmuls and leaves),
-        # then P V and the states as the scalar gate.
-        C = self._c(N)
-        return B * H * (N * C * D + 2 * N * C * D + (4 * N * D * D if N > C else 0))
+    def _split_flops(self, N, C, D, Dv):
+        # The per-channel scores' lower triangle (N C D: quadrant matmuls and leaves), per
+        # value head (its decays enter them), then P V and the states as the scalar gate.
+        return 0, N * C * D + _linear_flops(N, C, D, Dv)[1]
 
 
 @register
@@ -234,15 +263,18 @@ class Mamba2(Recurrent):
     def _whole(self, q, k, v, g, beta):
         return whole_scalar_gate(q, k, v, g)
 
-    def flops(self, B, H, N, D, causal=False):
-        return B * H * _linear_flops(N, self._c(N), D)
+    def _split_flops(self, N, C, D, Dv):
+        return _linear_flops(N, C, D, Dv)
 
 
-def _delta_flops(N, C, D):
-    """Per (batch, head): K K^T, Q K^T and att U in each chunk (6 N C D), the triangular
-    solve for [Ũ | W] = T [V | K] (2 D right-hand sides: 2 N C D), W S, Q S, K^T U
-    (6 N D^2). The one-chunk form solves for Ũ only and keeps no state (7 N C D)."""
-    return 8 * N * C * D + 6 * N * D * D if N > C else 7 * N * C * D
+def _delta_flops(N, C, D, Dv):
+    """(per query-key head, per value head): K K^T and Q K^T in each chunk (4 N C D); att U
+    (2 N C Dv), the triangular solve for [Ũ | W] = T [V | K] (N C (Dv + D)), W S, Q S,
+    K^T U (6 N D Dv). The one-chunk form solves for Ũ only and keeps no state (3 N C Dv
+    a value head)."""
+    if N > C:
+        return 4 * N * C * D, 2 * N * C * Dv + N * C * (Dv + D) + 6 * N * D * Dv
+    return 4 * N * C * D, 3 * N * C * Dv
 
 
 @register
@@ -261,8 +293,8 @@ class DeltaNet(BetaMax, Recurrent):
     def _whole(self, q, k, v, g, beta):
         return whole_delta(q, k, v, beta, None)
 
-    def flops(self, B, H, N, D, causal=False):
-        return B * H * _delta_flops(N, self._c(N), D)
+    def _split_flops(self, N, C, D, Dv):
+        return _delta_flops(N, C, D, Dv)
 
 
 @register
@@ -281,8 +313,8 @@ class GatedDeltaNet(BetaMax, Recurrent):
     def _whole(self, q, k, v, g, beta):
         return whole_delta(q, k, v, beta, g)
 
-    def flops(self, B, H, N, D, causal=False):
-        return B * H * _delta_flops(N, self._c(N), D)
+    def _split_flops(self, N, C, D, Dv):
+        return _delta_flops(N, C, D, Dv)
 
 
 @register
@@ -301,5 +333,6 @@ class KimiDeltaAttention(Recurrent):
     def _whole(self, q, k, v, g, beta):
         return whole_delta_channel(q, k, v, beta, g, self.params.sub_chunk)
 
-    def flops(self, B, H, N, D, causal=False):
-        return B * H * _delta_flops(N, self._c(N), D)
+    def _split_flops(self, N, C, D, Dv):
+        # its per-channel decays enter K K^T and Q K^T too: every product per value head
+        return 0, sum(_delta_flops(N, C, D, Dv))

@@ -19,7 +19,12 @@ import torch
 
 def recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
                beta: torch.Tensor | None = None) -> torch.Tensor:
-    """o (B, H, N, D) by the recurrence above, one token at a time (differentiable)."""
+    """o (B, Hv, N, Dv) by the recurrence above, one token at a time (differentiable); q, k
+    (B, H, N, D), v and the gates (B, Hv, ...): grouped value heads, Hv a multiple of H,
+    value head j reading query-key head j // (Hv / H) (q and k repeated here: the plain
+    form)."""
+    if v.shape[1] != q.shape[1]:
+        q, k = (t.repeat_interleave(v.shape[1] // q.shape[1], dim=1) for t in (q, k))
     B, H, N, D = q.shape
     s = D ** -0.5
     S = q.new_zeros(B, H, D, v.shape[-1])  # (B, H, D, Dv)

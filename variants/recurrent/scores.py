@@ -42,8 +42,11 @@ def _pow2(n: int) -> int:
 def channel_scores(x: torch.Tensor, k: torch.Tensor, b: torch.Tensor,
                    leaf: int) -> torch.Tensor:
     """P (..., C, C) as above, diagonal included; b (..., C, D) the cumulative log-decay.
-    x may carry one extra leading dimension (queries and keys stacked, (2, ..., C, D)) that
-    broadcasts against k and b (..., C, D). Differentiable (`_Scores`)."""
+    x, k and b broadcast against each other: x may carry one extra leading dimension
+    (queries and keys stacked, (2, ..., C, D)), and x and k may be a query-key head's
+    (a dimension of 1) against the decays of its r value heads in b (grouped value
+    heads: the scores are per value head, q and k are never copied for them).
+    Differentiable (`_Scores`)."""
     C, D = k.shape[-2:]
     P = _pow2(C)
     if P > C:  # zeros after the chunk: no contribution; b repeats its last row, so that
@@ -135,7 +138,8 @@ class _Scores(torch.autograd.Function):
         # N, and a forward without autograd needs none).
         ctx.kept = [] if keep else None
         P, D = k.shape[-2:]
-        out = x.new_zeros(torch.broadcast_shapes(x.shape[:-2], k.shape[:-2]) + (P, P))
+        out = x.new_zeros(torch.broadcast_shapes(x.shape[:-2], k.shape[:-2], b.shape[:-2])
+                          + (P, P))
         if L == 1:
             out.diagonal(dim1=-2, dim2=-1).copy_((x * k).sum(-1))
         else:
@@ -161,7 +165,7 @@ class _Scores(torch.autograd.Function):
         x, k, b = ctx.saved_tensors
         L, (P, D) = ctx.L, k.shape[-2:]
         dP = dP.contiguous()
-        shape = torch.broadcast_shapes(x.shape[:-2], k.shape[:-2]) + (P, D)
+        shape = torch.broadcast_shapes(x.shape[:-2], k.shape[:-2], b.shape[:-2]) + (P, D)
         dx, dk = x.new_zeros(shape), x.new_zeros(shape)
         if L == 1:
             d = dP.diagonal(dim1=-2, dim2=-1)[..., None]  # (..., P, 1)
@@ -184,9 +188,8 @@ class _Scores(torch.autograd.Function):
             _blocks(dx, m, D)[..., h:, :].add_(_times(dq, kr) * eq)
             _blocks(dk, m, D)[..., :h, :].add_(_times(dq.transpose(-1, -2), qr) * ek)
         db = x * dx - k * dk
-        extra = dk.dim() - k.dim()  # the stacked x's leading dimension, summed for k, b
-        if extra:
-            dk, db = dk.sum(tuple(range(extra))), db.sum(tuple(range(extra)))
-        if dx.shape != x.shape:
-            dx = dx.sum_to_size(x.shape)
+        # summed back over what each broadcast: the stacked x's leading dimension (for k
+        # and b), the r value heads (for a query-key head's x and k)
+        dx, dk, db = (t.sum_to_size(like.shape) if t.shape != like.shape else t
+                      for t, like in ((dx, x), (dk, k), (db, b)))
         return dx, dk, db, None, None
