@@ -49,21 +49,22 @@ def _stored(x: torch.Tensor, name: str) -> torch.Tensor:
     return (x.float() / scale).to(torch.float8_e4m3fn).double() * scale.double()
 
 
-def _decode(m, q, k, v):
+def _decode(m, q, k, v, **sinks):
     """The T generated tokens' outputs after a prefill of P, and the state."""
-    state = m.prefill(k[:, :, :P], v[:, :, :P], max_len=P + T, q_heads=H)
+    state = m.prefill(k[:, :, :P], v[:, :, :P], max_len=P + T, q_heads=H, **sinks)
     outs = []
     for t in range(P, P + T):
-        o, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
+        o, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], **sinks)
         outs.append(o)
     return torch.cat(outs, dim=2), state
 
 
-def _exact64(q, k, v):
+def _exact64(q, k, v, **sinks):
     """float64 exact causal attention, rows P..P+T-1, grouped keys repeated."""
     g = H // HK
     return variants.exact_reference(q.double(), k.double().repeat_interleave(g, 1),
-                                    v.double().repeat_interleave(g, 1), causal=True)[:, :, P:]
+                                    v.double().repeat_interleave(g, 1), causal=True,
+                                    **sinks)[:, :, P:]
 
 
 def check_narrow_cache(name: str) -> None:
@@ -133,13 +134,17 @@ def test_a_planted_cache_bug_fails_the_checks(plant, monkeypatch):
 @pytest.mark.parametrize("variant", ["sdpa", "standard"])
 def test_in_float64_a_narrow_cache_decodes_its_forwards_rows(variant, name):
     """The forward attends to what the cache stores, so that the decoder's rows are its
-    causal forward's (1e-10), and that is exact attention over the rounded keys and values."""
+    causal forward's (1e-10), and that is exact attention over the rounded keys and values
+    (sdpa with gpt-oss's sinks, standard without)."""
     q, k, v = _qkv(torch.float64)
-    m = variants.build(variant, cache_dtype=name)
-    out, _ = _decode(m, q, k, v)
-    fwd = m(q, k, v, causal=True)[:, :, P:]
+    sink = variant == "sdpa"
+    m = variants.build(variant, cache_dtype=name, sink=sink)
+    sinks = {"sinks": torch.randn(H, dtype=torch.float64)} if sink else {}
+    out, _ = _decode(m, q, k, v, **sinks)
+    fwd = m(q, k, v, causal=True, **sinks)[:, :, P:]
     assert (out - fwd).abs().max() <= 1e-10
-    assert (fwd - _exact64(q, _stored(k, name), _stored(v, name))).abs().max() <= 1e-12
+    ref = _exact64(q, _stored(k, name), _stored(v, name), **sinks)
+    assert (fwd - ref).abs().max() <= 1e-12
     assert not m.exact_at(P) and variants.build(variant).exact_at(P)
 
 
@@ -278,3 +283,16 @@ def test_the_served_answer_names_the_fastest_accurate_decoder_and_every_ratio(tm
     # a folder whose matrix names no baseline (every one before it): no such lines
     run.meta["matrix"].pop("baseline")
     assert not [b for b in answers_blocks(run) if "served baseline" in str(b[-1])]
+
+
+def test_the_dry_run_plans_decode_served_and_names_the_guards_skip(capsys, monkeypatch):
+    from harness.cli import run as cli_run
+    from harness.measure import memory
+
+    monkeypatch.setattr(cli_run, "matmul_fp32_gflops", lambda threads: 20.0)
+    monkeypatch.setattr(memory, "mem_available_bytes", lambda: 24 * 2**30)  # the issue's machine
+    assert run_bench.main(["run", "--preset", "decode-served", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("27 cases; 0 skipped as declared unsupported")
+    guard = next(line for line in out.splitlines() if "memory guard: 1 decode case" in line)
+    assert "sdpa() N=1048576 decode" in guard and "kv_heads" not in guard
