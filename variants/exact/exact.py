@@ -85,8 +85,10 @@ class _Exact(CacheDecoder, Variant):
         return reasons
 
     def setting_errors(self, device):
-        missing = cache_dtype.missing_on(self._stored(), torch.device(device).type) \
-            if self._stored() != "float32" else ""
+        device = torch.device(device).type
+        if self._stored() == "float32" or (device == "cuda" and not torch.cuda.is_available()):
+            return []  # nothing stored narrower, or no device here to probe
+        missing = cache_dtype.missing_on(self._stored(), device)
         return [missing] if missing else []
 
     def _as_cached(self, k, v):
