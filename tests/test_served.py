@@ -229,6 +229,9 @@ def test_a_baseline_the_matrix_does_not_run_is_an_error():
     raw = {"variants": ["sdpa"], "heads": 4, "kv_heads": [4, 2], "passes": ["decode"],
            "causal": [True]}
     assert mx.normalise({**raw, "baseline": {"variant": "sdpa", "kv_heads": 2}})["baseline"]
+    # an override may leave the baseline out of a run (its report says so), not the TOML
+    assert mx.normalise({**raw, "baseline": {"variant": "sdpa", "kv_heads": 2}},
+                        {"kv_heads": [4]})["baseline"]["kv_heads"] == 2
     for bad, words in (({"variant": "sdpa", "kv_heads": 1}, "no group of the matrix runs"),
                        ({"variant": "linear"}, "no group of the matrix runs"),
                        ({"variant": "sdpa", "params": {"windo": 3}}, "unknown parameter"),
@@ -280,6 +283,10 @@ def test_the_served_answer_names_the_fastest_accurate_decoder_and_every_ratio(tm
     assert e.loc[(1 << 20, "sdpa"), "status"].startswith("skipped: memory guard")
     assert set(e["bound"]) <= {"read", "compute", "–"}
     assert ("h", 3, "Against the served baseline: sdpa [kv_heads=8]") in answers_blocks(run)
+    assert not [b for b in answers_blocks(run) if "no measured row" in str(b[-1])]
+    gone = run.dec[run.dec["kv_heads"].isna() | (run.dec["variant"] != "sdpa")]
+    lines = decoders.served_blocks(gone, run.meta)
+    assert ("p", "sdpa has no measured row in this run: its ratios read –.") in lines
     # a folder whose matrix names no baseline (every one before it): no such lines
     run.meta["matrix"].pop("baseline")
     assert not [b for b in answers_blocks(run) if "served baseline" in str(b[-1])]
@@ -296,3 +303,23 @@ def test_the_dry_run_plans_decode_served_and_names_the_guards_skip(capsys, monke
     assert out.startswith("27 cases; 0 skipped as declared unsupported")
     guard = next(line for line in out.splitlines() if "memory guard: 1 decode case" in line)
     assert "sdpa() N=1048576 decode" in guard and "kv_heads" not in guard
+
+
+def test_a_step_moves_the_cache_at_the_width_it_stores():
+    """decode_read_mib (decode.traffic_mib): the bytes a step reads and appends, at the
+    stored width, fp8's scales included: half of float32's for bfloat16."""
+    from harness.measure import decode
+
+    _, cases = mx.load("decode-served", {"seq_lens": [64], "heads": [8], "head_dim": [16],
+                                         "kv_heads": [2], "variants": ["sdpa"]})
+    moved = {}
+    for c in cases:
+        m = variants.build("sdpa", **json.loads(c.params))
+        k, v = (torch.randn(1, 2, 64, 16) for _ in range(2))
+        state = m.prefill(k, v, max_len=68, q_heads=8)
+        moved[json.loads(c.params).get("cache_dtype", "float32")] = \
+            decode.traffic_mib(c, m, state) * 2**20
+    rows = 2 * 2 * 65  # key and value rows read (64) and appended (1), 2 kv heads
+    assert moved["float32"] == pytest.approx(rows * 16 * 4)
+    assert moved["bfloat16"] == pytest.approx(rows * 16 * 2)
+    assert moved["float8_e4m3fn"] == pytest.approx(rows * (16 + 4), rel=0.01)

@@ -242,8 +242,8 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
                  else f"groups[{', '.join(map(str, acausal))}]")
         errors.append(f"{where}: passes = [\"decode\"] generates tokens causally: it needs "
                       "causal = [true] (--causal true; put decode in a group of its own)")
-    if baseline is not None:
-        baseline = _check_baseline(baseline, full, errors)
+    if baseline is not None:  # against the TOML's own groups: an override may leave it out
+        baseline = _check_baseline(baseline, _as_written(groups), errors)
     if narrow is not None:
         narrow_variants(full, narrow, errors)
     if errors:  # top-level keys are checked once per group: report each problem once
@@ -254,10 +254,23 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
             **({"baseline": baseline} if baseline else {})}
 
 
+def _as_written(groups: list[dict]) -> list[dict]:
+    """The groups as the TOML writes them, with every default, variants resolved (their
+    errors are reported where the groups are resolved with the overrides)."""
+    out = []
+    for g in groups:
+        g = {**{k: d for k, (d, _) in _KEYS.items()}, **g}
+        g["variants"] = _resolve_variants(g["variants"], g["params"], "", [])
+        out.append(g)
+    return out
+
+
 def _check_baseline(table, groups: list[dict], errors: list[str]) -> dict | None:
     """The [baseline] table as stored: {"variant", "params" (its full stored JSON),
     "kv_heads", "value_heads", "value_dim" (None: the default)}; an error unless it names a
-    variant setting one of the matrix's groups runs (before --variants narrows it)."""
+    variant setting one of the matrix's groups runs as the TOML writes them (the command
+    line's overrides and --variants may leave it out of a run: its report then has no
+    baseline row and says so)."""
     keys = ("variant", "params", *SHAPE_FIELDS)
     if not isinstance(table, dict) or not isinstance(table.get("variant"), str) \
             or set(table) - set(keys):

@@ -230,6 +230,8 @@ def served_blocks(dec: pd.DataFrame, meta: dict, train: pd.DataFrame | None = No
               f"reach row_cos ≥ {T.COS_LIMIT} against float64 exact causal attention (a "
               "recurrence only where its trained recall in this folder reaches "
               f"{RECALL}: its row_cos is against its own float64 form)."),
+        *([] if (baseline_rows(dec, meta["matrix"]["baseline"]) & (dec["status"] == "ok")).any()
+          else [("p", f"{label} has no measured row in this run: its ratios read –.")]),
         ("table", answers) if not answers.empty else
         ("p", "No decoder qualifies at any context here."),
         ("p", "Every decoder against the baseline: time per generated token, the state it "
