@@ -323,3 +323,17 @@ def test_a_step_moves_the_cache_at_the_width_it_stores():
     assert moved["float32"] == pytest.approx(rows * 16 * 4)
     assert moved["bfloat16"] == pytest.approx(rows * 16 * 2)
     assert moved["float8_e4m3fn"] == pytest.approx(rows * (16 + 4), rel=0.01)
+
+
+@pytest.mark.parametrize("name,params", [("sliding_window", {"window": 5}), ("sdpa", {})])
+def test_a_sinked_variants_weights_give_its_output(name, params):
+    """The attention maps a run draws after its cases (harness.measure.maps) ask a sinked
+    window for its weights: they take the sinks, and weights @ v is the output (rows
+    summing to below 1)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 40, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    sinks = torch.randn(2, generator=g, dtype=torch.float64)
+    m = variants.build(name, sink=True, **params)
+    w = m.weights(q, k, True, sinks=sinks)
+    assert (w @ v - m(q, k, v, causal=True, sinks=sinks)).abs().max() <= 1e-12
+    assert (w.sum(-1) < 1).all()
