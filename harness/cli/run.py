@@ -32,7 +32,7 @@ from harness.cluster import sharded
 from harness.cluster import shards
 from harness.measure import matrix as mx
 from harness.measure import runner
-from harness.measure.memory import decode_bytes
+from harness.measure.memory import MemoryGuard, decode_bytes
 from harness.errors import UsageError
 from harness.measure.store import RunStore, matmul_fp32_gflops
 from harness.measure.inputs import DISTRIBUTIONS
@@ -183,6 +183,7 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
     if local and any(c.device == "cuda" for c in cases) and not torch.cuda.is_available():
         raise UsageError("the matrix asks for device cuda but CUDA is not available here "
                          "(--device cpu, or --dry-run to see the plan)")
+    check_settings(cases)
     run_id = run_id or _run_id()
     if not run_id or "/" in run_id or run_id in (".", ".."):
         raise UsageError(f"--run-id must be a plain folder name, got {run_id!r}")
@@ -204,6 +205,21 @@ def run_matrix(source: str, overrides: dict, results_dir: Path, run_id: str | No
     if not isinstance(out, int):  # every case has its row: the attention maps of the run
         maps.write(out, cases)
     return out
+
+
+def check_settings(cases) -> None:
+    """UsageError naming every setting that cannot be on its device at all (a variant's
+    `setting_errors`: a cache dtype the device or torch lacks), judged on the devices
+    here (a CUDA case only where CUDA is), before anything is written or measured."""
+    errors, seen = [], set()
+    for c in cases:
+        key = (c.variant, c.params, c.device)
+        if key in seen or (c.device == "cuda" and not torch.cuda.is_available()):
+            continue
+        seen.add(key)
+        errors += [f"{c.variant}: {e}" for e in layers.build(c).setting_errors(c.device)]
+    if errors:
+        raise UsageError("; ".join(dict.fromkeys(errors)))
 
 
 def _rerun(argv: list[str] | None, run_id: str) -> str:
@@ -244,13 +260,18 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
     """Print the cases, their declared skips and a rough time estimate (harness.measure.estimate);
     with n_shards > 1, also each shard's share."""
     _, cases = mx.load(source, overrides)
+    check_settings(cases)
     rate = matmul_fp32_gflops(cases[0].threads if cases else 1) * 1e9
     skipped, reasons, total_s = 0, Counter(), 0.0
     planned = estimate.plan_cases(cases, rate)
+    guard, guarded = MemoryGuard(), []  # decode states too large for this machine's memory
     for case, why, cost in planned:
         if why:
             skipped += 1
             reasons[f"{case.variant}: {'; '.join(why)}"] += 1
+            continue
+        if case.decode and case.device == "cpu" and guard.refuse_reason(case, layers.build(case)):
+            guarded.append(case)
             continue
         total_s += cost
     where = [f"fp32 matmul {rate / 1e9:.0f} GFLOP/s measured here"] * any(
@@ -270,6 +291,10 @@ def plan(source: str, overrides: dict, n_shards: int = 1) -> int:
         print(f"  {name}: from {origin}")
     for reason, n in reasons.most_common():
         print(f"  skip x{n}: {reason}")
+    if guarded:
+        print(f"  memory guard: {len(guarded)} decode case(s) whose state exceeds its share of "
+              f"this machine's free memory, recorded as skipped when run here (not in the "
+              f"estimate): {', '.join(c.label() for c in guarded)}")
     decoding = [(c, decode_bytes(c, layers.build(c)))
                 for c, why, _ in planned if c.decode and not why]
     sized = [(c, b) for c, b in decoding if b is not None]

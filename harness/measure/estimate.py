@@ -37,7 +37,8 @@ READ_ASSUMED_GBPS = 10.0
 def decode_seconds(case: Case, state_bytes: int | None, n_layers: int = 1) -> float:
     """Predicted wall time of one decode case (of `n_layers` layers: a stack's state_bytes
     are its whole state; each layer draws its own context and takes its own steps)."""
-    draw = (2 * 3 * n_layers * case.batch * case.heads * case.seq_len * case.head_dim
+    s = case.shape  # q's heads, and the keys' and values' own (grouped heads draw fewer)
+    draw = (2 * n_layers * case.batch * case.seq_len * (s.H * s.D + s.Hk * s.D + s.Hv * s.Dv)
             / DRAW_FLOATS_PER_S)
     step = (state_bytes or 0) / (READ_ASSUMED_GBPS * 1e9) + 1e-4 * n_layers  # + overheads
     run = case.decode_tokens * step

@@ -71,6 +71,10 @@ class Stack:
         sizes = [m.state_size_at(N, s) for m in self.layers]
         return None if None in sizes else sum(sizes)
 
+    def state_bytes_at(self, N: int, s, dtype) -> int | None:
+        sizes = [m.state_bytes_at(N, s, dtype) for m in self.layers]
+        return None if None in sizes else sum(sizes)
+
     def state_size(self, N: int, D: int) -> int | None:
         """The sum of the layers' own state_size(N, D); None when one does not say."""
         sizes = [m.state_size(N, D) for m in self.layers]
@@ -90,6 +94,9 @@ class Stack:
 
     def decode_reasons(self) -> list[str]:
         return _joined(m.decode_reasons() for m in self.layers)
+
+    def setting_errors(self, device) -> list[str]:
+        return _joined(m.setting_errors(device) for m in self.layers)
 
     def key_mask(self, N: int):
         return None  # several mixers: no one fixed pattern of keys

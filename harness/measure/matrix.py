@@ -30,6 +30,10 @@ product and the union (first occurrence of each case id wins) is the run. Withou
     err_rows = 1024             # error on a seeded sample of this many query rows when N is larger
     mem_limit_mib = 0           # worker address-space cap above its baseline; 0: MemAvailable * 0.9
 
+    [baseline]                  # decode: the decoder every ratio is against (the report's
+    variant = "sdpa"            # served baseline), a variant the matrix runs, with its
+    kv_heads = 8                # params = {...}, kv_heads, value_heads, value_dim if not default
+
     [captures.NAME]             # a captured input of your own (harness.models.capture): a local
     model = "PATH"              # Hugging Face model directory and a UTF-8 text file;
     text = "PATH"               # then inputs = ["NAME"]
@@ -207,6 +211,7 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
     raw = copy.deepcopy(raw)
     captures = capture.parse_sources(raw.pop("captures", None), DISTRIBUTIONS, errors)
     inputs = DISTRIBUTIONS + tuple(capture.BUILTIN) + tuple(captures)
+    baseline = raw.pop("baseline", None)
     groups_raw = raw.pop("groups", None)
     if groups_raw is not None and not (isinstance(groups_raw, list)
                                        and all(isinstance(g, dict) for g in groups_raw)):
@@ -238,13 +243,61 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
                  else f"groups[{', '.join(map(str, acausal))}]")
         errors.append(f"{where}: passes = [\"decode\"] generates tokens causally: it needs "
                       "causal = [true] (--causal true; put decode in a group of its own)")
+    if baseline is not None:  # against the TOML's own groups: an override may leave it out
+        baseline = _check_baseline(baseline, _as_written(groups), errors)
     if narrow is not None:
         narrow_variants(full, narrow, errors)
     if errors:  # top-level keys are checked once per group: report each problem once
         raise UsageError("; ".join(dict.fromkeys(errors)))
     for g in full:
         g.pop("params")
-    return {"groups": full, **({"captures": captures} if captures else {})}
+    return {"groups": full, **({"captures": captures} if captures else {}),
+            **({"baseline": baseline} if baseline else {})}
+
+
+def _as_written(groups: list[dict]) -> list[dict]:
+    """The groups as the TOML writes them, with every default, variants resolved (their
+    errors are reported where the groups are resolved with the overrides)."""
+    out = []
+    for g in groups:
+        g = {**{k: d for k, (d, _) in _KEYS.items()}, **g}
+        g["variants"] = _resolve_variants(g["variants"], g["params"], "", [])
+        out.append(g)
+    return out
+
+
+def _check_baseline(table, groups: list[dict], errors: list[str]) -> dict | None:
+    """The [baseline] table as stored: {"variant", "params" (its full stored JSON),
+    "kv_heads", "value_heads", "value_dim" (None: the default)}; an error unless it names a
+    variant setting one of the matrix's groups runs as the TOML writes them (the command
+    line's overrides and --variants may leave it out of a run: its report then has no
+    baseline row and says so)."""
+    keys = ("variant", "params", *SHAPE_FIELDS)
+    if not isinstance(table, dict) or not isinstance(table.get("variant"), str) \
+            or set(table) - set(keys):
+        errors.append(f"baseline: a table with variant = NAME and optionally "
+                      f"{', '.join(keys[1:])}, got {table!r}")
+        return None
+    name, params = table["variant"], table.get("params", {})
+    try:
+        full = json.dumps(variants.stored_params(name, **params), sort_keys=True) \
+            if isinstance(params, dict) else None
+    except ValueError as e:
+        errors.append(f"baseline: {e}")
+        return None
+    bad = [f for f in SHAPE_FIELDS if f in table and not (
+        isinstance(table[f], int) and not isinstance(table[f], bool) and table[f] > 0)]
+    if full is None or bad:
+        errors.append(f"baseline: params must be a table and {', '.join(SHAPE_FIELDS)} "
+                      f"positive ints, got {table!r}")
+        return None
+    if not any(full in g["variants"].get(name, []) and all(
+            f not in table or table[f] in g.get(f, [None]) for f in SHAPE_FIELDS)
+            for g in groups):
+        errors.append(f"baseline: no group of the matrix runs {name} with params {full}"
+                      + "".join(f", {f} {table[f]}" for f in SHAPE_FIELDS if f in table))
+        return None
+    return {"variant": name, "params": full, **{f: table.get(f) for f in SHAPE_FIELDS}}
 
 
 def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTIONS) -> dict:

@@ -124,16 +124,18 @@ def is_oom_message(text: str) -> bool:
 
 
 def decode_bytes(case, module) -> int | None:
-    """A decode case's bytes: the state at its final length (B H state_size(N + T, D)
-    elements), the context chunk being drawn, and the new tokens; None where the variant
-    does not state its state size."""
-    state = module.state_size_at(case.seq_len + case.decode_tokens, case.shape)
+    """A decode case's bytes: the state at its final length (`state_bytes_at(N + T)`: B H
+    state_size(N + T, D) elements in the case's dtype, or as the variant stores them, a
+    narrower cache_dtype), the context chunk being drawn, and the new tokens; None where
+    the variant does not state its state size."""
+    dtype = getattr(torch, case.dtype)
+    state = module.state_bytes_at(case.seq_len + case.decode_tokens, case.shape, dtype)
     if state is None:
         return None
-    size = torch.finfo(getattr(torch, case.dtype)).bits // 8
+    size = torch.finfo(dtype).bits // 8
     s = case.shape
     chunk = case.batch * min(case.seq_len, 8192) * (s.H * s.D + s.Hk * s.D + s.Hv * s.Dv)
-    return (case.batch * state + chunk) * size
+    return case.batch * state + chunk * size
 
 
 class MemoryGuard:

@@ -24,6 +24,7 @@ def blocks(run: Run) -> list[tuple]:
             out.append(("p", T.OWN_REFERENCE))
     if not run.dec.empty:
         out += decoders.blocks(run.dec, run.train, run.meta.get("read_bandwidth_gbps"))
+        out += decoders.served_blocks(run.dec, run.meta, run.train)
     if run.train is not None:
         out += report_trained.answer_blocks(run.train, run.timed)
         out += hybrid.answer_blocks(run.train)

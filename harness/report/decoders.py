@@ -9,6 +9,11 @@ forward Answers, a decoder that is not exact is named only where it beats the fa
 path by more than the two times' spread (tables.time_noise). Beside each "× faster", how far
 that exact path is from its read bound in the same run (generation.bound_ms): a slow
 baseline makes every "× faster" larger.
+
+Where the run's matrix names a served baseline ([baseline] in its TOML: decode-served's
+grouped-query cache), `served_blocks` adds the answer against it: per context the fastest
+decoder that qualifies, every decoder's ratio against the baseline, its state and its
+roofline bound. A folder without one renders as before.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import pandas as pd
 
 from harness.report import generation
 from harness.report import tables as T
+from harness.report.folder import GROUPING
 
 RECALL = 0.9  # the trained held-out accuracy a recurrence must reach to be named
 
@@ -118,3 +124,120 @@ def blocks(dec: pd.DataFrame, train: pd.DataFrame | None = None,
         out.append(("table", table) if not table.empty else
                    ("p", "None of them has a decode row here."))
     return out
+
+
+# -- the served baseline (a matrix's [baseline] table: decode-served) -------------------
+
+def baseline_rows(dec: pd.DataFrame, baseline: dict) -> pd.Series:
+    """Which decode rows are the matrix's named baseline: its variant, its full params and
+    its heads and widths (an empty grouping column is the default)."""
+    hit = (dec["variant"] == baseline["variant"]) & (dec["params"] == baseline["params"])
+    for col in GROUPING:
+        want = baseline.get(col)
+        hit &= dec[col].isna() if want is None else (dec[col] == want)
+    return hit
+
+
+def _qualifies(rows: pd.DataFrame, recall: dict[str, float]) -> pd.Series:
+    """The decoders the served answer may name: an exact path, an approximation whose
+    generated tokens reach row_cos >= COS_LIMIT against exact attention, a recurrence whose
+    trained recall in the folder reaches RECALL (its row_cos is against itself)."""
+    softmax = rows["err_ref"] == "softmax"
+    cos = rows["row_cos"] if "row_cos" in rows else pd.Series(float("nan"), index=rows.index)
+    return T.is_exact(rows) | (softmax & (cos >= T.COS_LIMIT)) | \
+        (~softmax & rows["variant"].isin(recall))
+
+
+def _accuracy_cell(row, recall: dict[str, float]) -> str:
+    if row["err_ref"] != "softmax":
+        return (f"trained recall {recall[row['variant']]:.3f}" if row["variant"] in recall
+                else "own reference (recurrence)")
+    cos = row.get("row_cos")
+    return "–" if cos is None or pd.isna(cos) else f"row_cos {cos:.4f}"
+
+
+def _status_cell(row) -> str:
+    return "ok" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
+
+
+def served_tables(dec: pd.DataFrame, meta: dict, recall: dict[str, float]
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(answers, every decoder, the baseline's label) for a folder whose matrix names a
+    baseline: per setting and context, the fastest decoder that qualifies (`_qualifies`)
+    and its ratio against the baseline and the fastest multi-head exact path; then every
+    decoder's time, state, roofline bound and ratio against the baseline."""
+    base = baseline_rows(dec, meta["matrix"]["baseline"])
+    label = dec.loc[base, "label"].iloc[0] if base.any() else meta["matrix"]["baseline"]["variant"]
+    ok = T.ok_rows(dec)
+    bound, which = generation.roofline(ok, meta)
+    ok = ok.assign(bound_ms=bound, bound=which, qualifies=_qualifies(ok, recall),
+                   is_base=base[ok.index], multi_head=T.is_exact(ok) & ok["kv_heads"].isna())
+    answers, every = [], []
+    for (setting, n), g in dec.groupby(["setting", "seq_len"], sort=True):
+        good = ok[(ok["setting"] == setting) & (ok["seq_len"] == n)]
+        b = good[good["is_base"]]
+        b_ms = b["time_ms"].iloc[0] if not b.empty else float("nan")
+        mh = good[good["multi_head"]]
+        mh_ms = mh["time_ms"].min() if not mh.empty else float("nan")
+        cand = good[good["qualifies"]]
+        if not cand.empty:
+            f = cand.loc[cand["time_ms"].idxmin()]
+            answers.append({
+                "setting": setting, "context": int(n), "fastest decoder": f["label"],
+                "accuracy": _accuracy_cell(f, recall), "ms / token": T.fmt_num(f["time_ms"]),
+                "state MiB": T.fmt_num(f["decode_state_mib"]),
+                "baseline ms / token": T.fmt_num(b_ms),
+                "× faster than the baseline": _ratio(b_ms, f["time_ms"]),
+                "multi-head exact ms / token": T.fmt_num(mh_ms),
+                "× faster than multi-head": _ratio(mh_ms, f["time_ms"])})
+        for _, r in g.sort_values("label").iterrows():
+            o = good.loc[r.name] if r.name in good.index else None
+            every.append({
+                "setting": setting, "context": int(n), "decoder": r["label"],
+                "status": _status_cell(r),
+                "ms / token": T.fmt_num(r["time_ms"]) if o is not None else "–",
+                "state MiB": T.fmt_num(r.get("decode_state_mib")),
+                "roofline bound ms": "–" if o is None else T.fmt_num(o["bound_ms"]),
+                "bound": "–" if o is None or pd.isna(o["bound_ms"]) else o["bound"],
+                "time / bound": "–" if o is None else _ratio(o["time_ms"], o["bound_ms"], 2),
+                "× faster than the baseline": "–" if o is None else _ratio(b_ms, o["time_ms"]),
+                "accuracy": "–" if o is None else _accuracy_cell(o, recall)})
+    answers, every = (pd.DataFrame(t) for t in (answers, every))
+    if dec["setting"].nunique() == 1:  # one setting (a served preset's): no column for it
+        answers, every = (t.drop(columns="setting", errors="ignore") for t in (answers, every))
+    return answers, every, label
+
+
+def _ratio(a, b, digits: int = 1) -> str:
+    return "–" if pd.isna(a) or pd.isna(b) or not b else f"{a / b:.{digits}f}"
+
+
+def served_blocks(dec: pd.DataFrame, meta: dict, train: pd.DataFrame | None = None
+                  ) -> list[tuple]:
+    """The Answers' served-baseline lines, where the run's matrix names a baseline
+    ([baseline] in its TOML); [] otherwise (every folder before it renders as it did)."""
+    if dec.empty or not meta.get("matrix", {}).get("baseline"):
+        return []
+    recall = recall_of(train)
+    answers, every, label = served_tables(dec, meta, recall)
+    rates = meta.get("read_bandwidth_gbps")
+    return [
+        ("h", 3, f"Against the served baseline: {label}"),
+        ("p", f"This run's matrix names {label} as its baseline, the cache a served model "
+              "keeps: every ratio here is its time per token over the decoder's (above 1: "
+              "faster than the baseline), the fastest multi-head exact path's beside it. "
+              "Per context, the fastest decoder that is exact, or whose generated tokens "
+              f"reach row_cos ≥ {T.COS_LIMIT} against float64 exact causal attention (a "
+              "recurrence only where its trained recall in this folder reaches "
+              f"{RECALL}: its row_cos is against its own float64 form)."),
+        *([] if (baseline_rows(dec, meta["matrix"]["baseline"]) & (dec["status"] == "ok")).any()
+          else [("p", f"{label} has no measured row in this run: its ratios read –.")]),
+        ("table", answers) if not answers.empty else
+        ("p", "No decoder qualifies at any context here."),
+        ("p", "Every decoder against the baseline: time per generated token, the state it "
+              "keeps (MiB, one layer, in the dtype it stores), its roofline bound (the "
+              "larger of the bytes a step moves at the read rate and its FLOPs at the "
+              "matmul rate, both measured in this run; bound names the larger: the "
+              "Generation section) and its time over that bound"
+              + ("." if rates else "; this run's meta.json has no read rate: –.")),
+        ("table", every)]

@@ -146,6 +146,13 @@ class Decoder:
             return None if per_head is None else s.out_heads * per_head
         return self.state_size_at(N, s)
 
+    def state_bytes_at(self, N: int, s, dtype: torch.dtype) -> int | None:
+        """Bytes the decoding state of a case of `dtype` keeps per batch element after N
+        tokens: `state_size_at` numbers in the case's dtype, unless the variant stores them
+        otherwise (a cache in a narrower `cache_dtype`); None where it does not say."""
+        numbers = self.state_size_at(N, s)
+        return None if numbers is None else numbers * dtype.itemsize
+
     def decode_flops_at(self, N: int, s) -> int | None:
         """FLOPs of one decoding step at context N, per batch element, all heads, for a
         case of its own heads and widths (`contract.Shape`); None where the variant does

@@ -92,6 +92,13 @@ class Variant(Decoder, torch.nn.Module):
         the reason."""
         return []
 
+    def setting_errors(self, device: torch.device | str) -> list[str]:
+        """What this setting cannot be on `device` at all (a cache dtype the device or
+        torch lacks): bad input, which a run refuses before anything is measured (exit 2),
+        not a case to record as skipped; empty when there is nothing. Override where
+        needed."""
+        return []
+
     # -- the map --------------------------------------------------------------------
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 causal: bool = False, **inputs: torch.Tensor) -> torch.Tensor:
@@ -207,10 +214,12 @@ class Variant(Decoder, torch.nn.Module):
         """Variant-specific reasons `weights` cannot give a map; override where needed."""
         return []
 
-    def attention_weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    def attention_weights(self, q: torch.Tensor, k: torch.Tensor, causal: bool,
+                          sinks: torch.Tensor | None = None) -> torch.Tensor:
         """(B, H, N, N) weights, called by `weights` after its checks. This default serves
-        exact and pattern-exact variants: softmax over the keys the pattern allows."""
-        return softmax_weights(q, k, causal, key_mask=self.key_mask(q.shape[-2]))
+        exact and pattern-exact variants: softmax over the keys the pattern allows (with
+        `sink = true`, each head's sink logit in the denominator: rows summing to below 1)."""
+        return softmax_weights(q, k, causal, key_mask=self.key_mask(q.shape[-2]), sinks=sinks)
 
     # -- description ------------------------------------------------------------------
     def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:

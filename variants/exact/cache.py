@@ -24,6 +24,15 @@ Exact in any dtype: float32 and float64 run the three passes in their own dtype 
 scores in the cache's dtype, as SDPA's math path); a lower precision keeps V as it
 arrives and runs SDPA over the cache, whose kernel keeps the scores in float32 (a
 transposed V would be copied by it every step).
+
+A cache stored narrower than the queries (`cache_dtype` bfloat16 or float8_e4m3fn,
+`variants.core.cache_dtype`) keeps K and V as they arrive in that dtype (fp8 with a float32
+scale per token row and head) and reads them back a chunk of tokens at a time: each
+chunk's keys (then values) are converted into a buffer of `_CHUNK` numbers in the compute
+dtype (float32; float64 for a float64 case), scaled, and multiplied there, so no
+full-size copy of the cache in the compute dtype is ever made. The same two passes as
+above: q K^T chunk by chunk into the scores buffer, the softmax in place, then p V
+accumulated chunk by chunk.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..core import DecodeState, sinked, softmax_, softmax_scale
+from ..core import DecodeState, cache_dtype, sinked, softmax_, softmax_scale
 
 # Dtypes whose scores the three passes keep in the cache's own dtype.
 _OWN_DTYPE = (torch.float32, torch.float64)
@@ -46,6 +55,10 @@ _RENORM_FROM = 1 << 20
 # process holds a core each region waits for it (at 16K-64K tokens on a busy machine the
 # loop's calls cost more than they saved).
 _MV_FROM = 1 << 24
+# Numbers of one chunk of a narrow cache read back to the compute dtype (4 MiB in float32),
+# across the batch and heads: big enough that a step at 1M tokens is a few hundred calls,
+# small enough to stay in the CPU's caches between its conversion and its product.
+_CHUNK = 1 << 20
 
 
 @dataclasses.dataclass
@@ -53,22 +66,40 @@ class ExactCache(DecodeState):
     """Keys (B, H, L, D) and values, L = max_len, the first `n` tokens written; the values
     transposed, (B, H, D, L), where the three passes run (float32, float64), as they
     arrive otherwise. A scores buffer of B H L numbers goes with it (not state: it holds
-    nothing between steps, and is not counted in `nbytes`)."""
+    nothing between steps, and is not counted in `nbytes`).
+
+    `stored`: the cache dtype name (`cache_dtype`) where it narrows the keys' dtype; then K
+    and V are kept as they arrive in that dtype, and, for fp8, `k_scale` and `v_scale`
+    (B, H, L) float32, one a token row and head (counted in `nbytes`: they are state)."""
     appends = True
     k: torch.Tensor
     v: torch.Tensor
     n: int
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+    stored: str = ""
 
     def __post_init__(self):
         B, H, L, _ = self.k.shape
-        self.transposed = self.k.dtype in _OWN_DTYPE
+        self.transposed = self.k.dtype in _OWN_DTYPE and not self.stored
         # B H L numbers, grown to B Hq L on the first step of grouped queries.
         self.scores = self.k.new_empty(B * H * L if self.transposed else 0)
+        self.chunk = None  # a narrow cache's read-back buffer, made on the first step
 
     @classmethod
-    def prefill(cls, k: torch.Tensor, v: torch.Tensor, max_len: int) -> "ExactCache":
+    def prefill(cls, k: torch.Tensor, v: torch.Tensor, max_len: int,
+                stored: str = "float32") -> "ExactCache":
         B, H, N, D = k.shape
         Dv = v.shape[-1]
+        if cache_dtype.narrows(stored, k.dtype):
+            dtype = cache_dtype.torch_dtype(stored)
+            scales = ((k.new_empty(B, H, max_len, dtype=torch.float32),
+                       k.new_empty(B, H, max_len, dtype=torch.float32))
+                      if cache_dtype.scaled(stored) else (None, None))
+            state = cls(k.new_empty(B, H, max_len, D, dtype=dtype),
+                        v.new_empty(B, H, max_len, Dv, dtype=dtype), 0, *scales, stored)
+            state.extend(k, v)
+            return state
         shape = (B, H, Dv, max_len) if k.dtype in _OWN_DTYPE else (B, H, max_len, Dv)
         state = cls(k.new_empty(B, H, max_len, D), v.new_empty(shape), 0)
         state.extend(k, v)
@@ -79,6 +110,14 @@ class ExactCache(DecodeState):
         r, n = k.shape[-2], self.n
         if n + r > self.k.shape[-2]:
             raise ValueError(f"the cache is full: max_len = {self.k.shape[-2]} tokens")
+        if self.stored:
+            for x, out, scale in ((k, self.k, self.k_scale), (v, self.v, self.v_scale)):
+                q, s = cache_dtype.quantise(x, self.stored)
+                out[:, :, n:n + r] = q
+                if scale is not None:
+                    scale[:, :, n:n + r] = s
+            self.n += r
+            return
         self.k[:, :, n:n + r] = k
         if self.transposed:
             self.v[:, :, :, n:n + r] = v.transpose(-1, -2)
@@ -106,6 +145,8 @@ class ExactCache(DecodeState):
         holds (query head h reads head h // (Hq / Hk): grouped keys, never repeated):
         (B, Hq, 1, Dv). sinks: a logit per query head (Hq,) in the row's denominator
         (gpt-oss's sinks), applied to the output from the row's log-sum-exp."""
+        if self.stored:
+            return self._attend_stored(q, sinks)
         if not self.transposed:
             if sinks is None:
                 return F.scaled_dot_product_attention(q, self.keys(), self.values(),
@@ -157,3 +198,42 @@ class ExactCache(DecodeState):
             for i in range(BH):  # one matrix-vector product a head: BLAS's gemv
                 torch.mv(Vt[i], s[i, 0], out=o[i, 0])
         return o.div_(den[..., None]).reshape(B, Hq, 1, Dv)
+
+    def _attend_stored(self, q: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+        """`attend` over a narrow cache: the keys, then the values, read back a chunk of
+        tokens at a time into one buffer in the compute dtype (the queries' dtype; float32
+        for a narrower one), never the whole cache at once."""
+        B, Hq, _, D = q.shape
+        H, L, n, Dv = self.k.shape[1], self.k.shape[-2], self.n, self.v.shape[-1]
+        g, BH = Hq // H, B * H
+        work = q.dtype if q.dtype in _OWN_DTYPE else torch.float32
+        c = max(64, _CHUNK // (BH * max(D, Dv)))  # tokens a chunk
+        if self.chunk is None or self.chunk.dtype != work:
+            self.chunk = q.new_empty(BH * c * max(D, Dv), dtype=work)
+        if self.scores.numel() < B * Hq * L or self.scores.dtype != work:
+            self.scores = q.new_empty(B * Hq * L, dtype=work)
+        s = self.scores[:B * Hq * n].view(BH, g, n)
+        qg = q.to(work).reshape(BH, g, D)
+        K, V = self.k.view(BH, L, D), self.v.view(BH, L, Dv)
+        ks = None if self.k_scale is None else self.k_scale.view(BH, L)
+        vs = None if self.v_scale is None else self.v_scale.view(BH, L)
+        for a in range(0, n, c):
+            b = min(a + c, n)
+            Kc = cache_dtype.dequantise_(self.chunk[:BH * (b - a) * D].view(BH, b - a, D),
+                                         K[:, a:b], None if ks is None else ks[:, a:b])
+            s[:, :, a:b] = torch.bmm(qg, Kc.transpose(1, 2)).mul_(softmax_scale(D))
+        top = s.amax(dim=-1) if sinks is not None else None  # (B H, g)
+        softmax_(s)
+        o = qg.new_zeros(BH, g, Dv)
+        for a in range(0, n, c):
+            b = min(a + c, n)
+            Vc = cache_dtype.dequantise_(self.chunk[:BH * (b - a) * Dv].view(BH, b - a, Dv),
+                                         V[:, a:b], None if vs is None else vs[:, a:b])
+            o.baddbmm_(s[:, :, a:b], Vc)
+        if n * Dv >= _RENORM_FROM:  # as `_weighted`: the lanes' sums drift over a long row
+            o.div_(s.sum(dim=-1)[..., None])
+        o = o.reshape(B, Hq, 1, Dv)
+        if sinks is not None:
+            lse = top.sub_(s.amax(dim=-1).log_()).view(B, Hq, 1, 1)
+            o = sinked(o, lse, sinks)[0]
+        return o.to(q.dtype)

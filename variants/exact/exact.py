@@ -13,8 +13,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ..core import (CacheDecoder, Contract, Grouping, Sinks, Variant, naive_attention,
-                    register, sink_param, softmax_sinked, softmax_scale)
+from ..core import (CacheDecoder, Contract, Grouping, Sinks, Variant, cache_dtype,
+                    cache_dtype_param, naive_attention, register, sink_param, softmax_sinked,
+                    softmax_scale)
 from .cache import ExactCache
 from .sink_sdpa import sink_sdpa
 
@@ -22,6 +23,10 @@ from .sink_sdpa import sink_sdpa
 @dataclasses.dataclass(frozen=True)
 class SinkParams:
     sink: bool = sink_param()
+    cache_dtype: str = cache_dtype_param()
+
+    def __post_init__(self):
+        cache_dtype.torch_dtype(self.cache_dtype)  # ValueError where this torch lacks it
 
 
 class _Exact(CacheDecoder, Variant):
@@ -41,13 +46,56 @@ class _Exact(CacheDecoder, Variant):
         full = 2 * s.B * s.H * s.N * s.N * (s.D + s.Dv)
         return full // 2 if causal else full
 
+    def _stored(self) -> str:
+        """The cache dtype name (`cache_dtype`; float32, the case's own, where the variant
+        has no such parameter)."""
+        return getattr(self.params, "cache_dtype", "float32")
+
+    def _scales(self) -> int:
+        """Numbers a token keeps beside its key and value in each head: fp8's two scales."""
+        return 2 if cache_dtype.scaled(self._stored()) else 0
+
     def state_size(self, N, D):
-        return 2 * N * D  # the key-value cache
+        return (2 * D + self._scales()) * N  # the key-value cache (and fp8's scales)
 
     def state_size_at(self, N, s):
         if self.contract.grouping.how == "repeat":
             return super().state_size_at(N, s)
-        return s.Hk * N * (s.D + s.Dv)  # one cache per key-value head
+        return s.Hk * N * (s.D + s.Dv + self._scales())  # one cache per key-value head
+
+    def state_bytes_at(self, N, s, dtype):
+        stored = self._stored()
+        if not cache_dtype.narrows(stored, dtype):
+            return super().state_bytes_at(N, s, dtype)
+        numbers = self.state_size_at(N, s)
+        scales = s.Hk * N * self._scales() if self.contract.grouping.how != "repeat" else \
+            s.out_heads * N * self._scales()
+        return (numbers - scales) * cache_dtype.torch_dtype(stored).itemsize + 4 * scales
+
+    def exact_at(self, seq_len, causal=False):
+        # A narrow cache attends to rounded keys and values: its error is measured.
+        return self._stored() == "float32"
+
+    def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
+        reasons = self.setting_errors(device)
+        if backward and cache_dtype.narrows(self._stored(), dtype):
+            reasons.append(f"{self.name} with cache_dtype = {self._stored()} is an inference "
+                           "setting (keys and values rounded as a decoding cache keeps them): "
+                           "no backward")
+        return reasons
+
+    def setting_errors(self, device):
+        device = torch.device(device).type
+        if self._stored() == "float32" or (device == "cuda" and not torch.cuda.is_available()):
+            return []  # nothing stored narrower, or no device here to probe
+        missing = cache_dtype.missing_on(self._stored(), device)
+        return [missing] if missing else []
+
+    def _as_cached(self, k, v):
+        """k, v as the decoding cache holds them (`cache_dtype`), in their own dtype: the
+        forward attends to what the decoder reads, so their rows agree."""
+        stored = self._stored()
+        return cache_dtype.round_trip(k, stored), cache_dtype.round_trip(v, stored)
 
     def decode_flops_at(self, N, s):
         # One query row over the context's N cached keys (state_size's; the step's own key
@@ -55,7 +103,8 @@ class _Exact(CacheDecoder, Variant):
         return self.softmax_step_flops(N, s)
 
     def decode_prefill(self, k, v, max_len, sinks=None):
-        return ExactCache.prefill(k, v, max_len)  # preallocated, written in place per token
+        # preallocated, written in place per token; in `cache_dtype` where it narrows k's
+        return ExactCache.prefill(k, v, max_len, self._stored())
 
     def decode_step(self, state, q, k, v, sinks=None):
         """One exact decoder for every exact variant (`cache.py`): a query row has nothing
@@ -77,6 +126,7 @@ class Standard(Sinks, _Exact):
         return (4 if backward else 2) * nxn
 
     def attend(self, q, k, v, causal, sinks=None):
+        k, v = self._as_cached(k, v)
         B, Hq, N, D = q.shape
         Hk = k.shape[1]
         if Hk == Hq:
@@ -105,12 +155,15 @@ class SDPA(Sinks, _Exact):
     contract = _Exact.contract.but(grouping=Grouping("kv", "native"))
 
     def extra_reasons(self, device, dtype, causal, seq_len, head_dim, backward):
+        reasons = super().extra_reasons(device, dtype, causal, seq_len, head_dim, backward)
         if self.params.sink and device.type != "cpu":
-            return [f"sdpa with sink = true runs torch's fused CPU kernel, which returns "
-                    f"each row's log-sum-exp; none is wired for {device.type} here"]
-        return []
+            reasons.append(f"sdpa with sink = true runs torch's fused CPU kernel, which "
+                           f"returns each row's log-sum-exp; none is wired for {device.type} "
+                           "here")
+        return reasons
 
     def attend(self, q, k, v, causal, sinks=None):
+        k, v = self._as_cached(k, v)
         if sinks is not None:  # the fused CPU kernel takes equal heads: grouped keys repeated
             if k.shape[1] != q.shape[1]:
                 g = q.shape[1] // k.shape[1]
