@@ -40,7 +40,8 @@ def _accuracy(row, recall: dict[str, float], by_recall: bool) -> str:
     if by_recall or (row["err_ref"] != "softmax" and row["variant"] in recall):
         return f"trained recall {recall[row['variant']]:.3f}"
     cos = row.get("row_cos")
-    return "–" if cos is None or pd.isna(cos) else f"row_cos {cos:.4f}"
+    own = " (own softmax)" if row["err_ref"] == "own_softmax" else ""
+    return "–" if cos is None or pd.isna(cos) else f"row_cos {cos:.4f}{own}"
 
 
 def fastest_table(dec: pd.DataFrame, recall: dict[str, float], read_gbps: float | None,
@@ -141,19 +142,22 @@ def baseline_rows(dec: pd.DataFrame, baseline: dict) -> pd.Series:
 def _qualifies(rows: pd.DataFrame, recall: dict[str, float]) -> pd.Series:
     """The decoders the served answer may name: an exact path, an approximation whose
     generated tokens reach row_cos >= COS_LIMIT against exact attention, a recurrence whose
-    trained recall in the folder reaches RECALL (its row_cos is against itself)."""
-    softmax = rows["err_ref"] == "softmax"
+    trained recall in the folder reaches RECALL (its row_cos is against itself). An
+    `own_softmax` row (mla) is a softmax over keys and values of its own definition: its
+    row_cos against that float64 softmax counts as a grouped cache's does."""
+    softmax = rows["err_ref"].isin(["softmax", "own_softmax"])
     cos = rows["row_cos"] if "row_cos" in rows else pd.Series(float("nan"), index=rows.index)
     return T.is_exact(rows) | (softmax & (cos >= T.COS_LIMIT)) | \
         (~softmax & rows["variant"].isin(recall))
 
 
 def _accuracy_cell(row, recall: dict[str, float]) -> str:
-    if row["err_ref"] != "softmax":
+    if row["err_ref"] not in ("softmax", "own_softmax"):
         return (f"trained recall {recall[row['variant']]:.3f}" if row["variant"] in recall
                 else "own reference (recurrence)")
     cos = row.get("row_cos")
-    return "–" if cos is None or pd.isna(cos) else f"row_cos {cos:.4f}"
+    own = " (own softmax)" if row["err_ref"] == "own_softmax" else ""
+    return "–" if cos is None or pd.isna(cos) else f"row_cos {cos:.4f}{own}"
 
 
 def _status_cell(row) -> str:
