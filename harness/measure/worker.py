@@ -201,9 +201,9 @@ def _measure_selection(case: Case, module, q, k, inputs: dict, device) -> dict:
     """`mass` and `select_ms` of a variant that selects keys (its `selection` is not None);
     {} for one that does not. The selection is timed alone, as the call is, on half the
     case's time budget."""
-    select = getattr(module, "selection", None)
-    if select is None:
+    if isinstance(module, layers.Stack):  # a layer pattern selects nothing as a whole
         return {}
+    select = module.selection
     with torch.no_grad():
         sel = select(q, k, case.causal, **inputs)
         if sel is None:
