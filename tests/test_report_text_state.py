@@ -77,3 +77,45 @@ def test_a_recall_folder_has_neither_section(tmp_path):
     rows = [report_synth.hybrid_row("sdpa", 0.99, hybrid=False, layers=2)]
     md = write_report(report_synth.write_train(tmp_path / "r", rows)).read_text()
     assert "Quality on text" not in md and "State tracking" not in md
+
+
+def _two_seed_rows(first=1.0, second=0.5):
+    rows = [r for r in report_synth.state_rows()
+            if r["variant"] == "deltanet" and r["task"] == "parity" and r["seq_len"] == 16]
+    return [dict(rows[0], seed=0, accuracy=first, config_id="p-0"),
+            dict(rows[0], seed=1, accuracy=second, config_id="p-1"),
+            *[r for r in report_synth.state_rows() if r["task"] == "mod_sum"]]
+
+
+def test_the_state_plot_draws_every_seed_on_a_fixed_0_1_axis_with_chance(tmp_path):
+    """The plot's data, not its pixels: a planted median-only plot (one point per cell),
+    an axis fitted to the data (mod_sum's values near 1/3 zoomed to noise) or a missing
+    chance line fail here."""
+    folder = report_synth.write_train(tmp_path / "s", _two_seed_rows())
+    run = read(folder)
+    facets = {f.task: f for f in text_state.state_plot_data(text_state.state_rows(run.train))}
+    assert sorted(facets) == ["mod_sum", "parity"]
+    par = facets["parity"]
+    pts = par.seeds[par.seeds["N"] == 16]
+    assert sorted(zip(pts["seed"], pts["accuracy"])) == [(0, 1.0), (1, 0.5)]
+    assert par.medians.set_index(["label", "N"]).loc[(pts["label"].iloc[0], 16),
+                                                     "accuracy"] == 0.75
+    for f in facets.values():
+        assert f.ylim == (0.0, 1.0)
+        assert f.plateau is None  # declared equal to chance: one line
+    assert par.chance == 0.5 and abs(facets["mod_sum"].chance - 1 / 3) < 1e-12
+    # the drawn axes hold the same: fixed limits, the chance line, both seeds' points
+    fig = text_state.state_figure([facets["mod_sum"], par])
+    for ax, f in zip(fig.axes, (facets["mod_sum"], par)):
+        assert ax.get_ylim() == (0.0, 1.0) and ax.get_title() == f.task
+        assert any(list(ln.get_ydata()) == [f.chance, f.chance] for ln in ax.lines)
+        drawn = sorted(y for c in ax.collections for _, y in c.get_offsets())
+        assert drawn == sorted(f.seeds["accuracy"])
+    assert (text_state.draw_state_plot([par], tmp_path / "p.png")).is_file()
+
+
+def test_a_plateau_declared_apart_from_chance_is_kept(tmp_path):
+    rows = [dict(r, plateau=0.6) for r in _two_seed_rows() if r["task"] == "parity"]
+    run = read(report_synth.write_train(tmp_path / "s", rows))
+    [f] = text_state.state_plot_data(text_state.state_rows(run.train))
+    assert f.chance == 0.5 and f.plateau == 0.6

@@ -45,7 +45,8 @@ RESULT_COLUMNS = [
     "max_abs_err", "err_rows",
     "row_cos", "err_ref", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed",
     "state_size", "decode_tokens", "prefill_ms", "decode_state_mib", "keys_per_query",
-    "decode_read_mib", "kv_heads", "value_heads", "value_dim", "decode_flops"]
+    "decode_read_mib", "kv_heads", "value_heads", "value_dim", "decode_flops", "mass",
+    "select_ms"]
 # Heads and widths of their own (variants.core.contract): kv_heads (grouped keys, Hk = Hv
 # dividing heads), value_heads (grouped values, Hv a multiple of heads = Hk), value_dim
 # (values' width Dv); empty where the default (heads, head_dim). Added last: a results.csv
@@ -56,7 +57,13 @@ RESULT_COLUMNS = [
 # and read per value head); empty where the variant does not say. The report's roofline
 # bound is the larger of decode_read_mib at the run's read rate and this at its matmul
 # rate (harness.report.generation); a folder written before it keeps its read bound.
-LATER_RESULT_COLUMNS = ("kv_heads", "value_heads", "value_dim", "decode_flops")
+# mass, select_ms: a run with `selection = true` (the Sparse Frontier), forward rows of a
+# variant that selects keys: the mean over the error's rows of exact attention's float64
+# mass on the keys the row attends to (1: nothing with weight left out), and the median
+# time of the selection alone (`Variant.selection`: the gate, the indexer, the top-k),
+# which time_ms includes; empty elsewhere.
+LATER_RESULT_COLUMNS = ("kv_heads", "value_heads", "value_dim", "decode_flops", "mass",
+                        "select_ms")
 # keys_per_query: the mean number of keys a query attends to at this length and causal flag
 # (variants' `keys_per_query`: N for exact attention, (N + 1) / 2 causal; a window, a
 # block layout, top-k blocks, pages or keys: theirs), the budget on which sparse patterns,

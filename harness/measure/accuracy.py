@@ -74,6 +74,43 @@ def error(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
 
 
 
+# Bytes of one chunk of float64 exact probabilities (B, H, c, N) in `mass_captured`.
+_MASS_CHUNK_BYTES = 32 * 2**20
+
+
+def mass_captured(module, selection, q: torch.Tensor, k: torch.Tensor, causal: bool, *,
+                  max_rows: int = 1024, seed: int = 0) -> float:
+    """The share of exact attention's mass on the keys a sparse variant selects (the Sparse
+    Frontier's first axis, Nawrot et al. 2025, arXiv:2504.17768): the mean over every
+    (batch, head, query) row of sum_{j in S_i} P_ij, P the float64 softmax of q k^T /
+    sqrt(D) (causal: j <= i) and S_i the keys `module.selected_keys(selection, ...)` says
+    row i attends to. 1 where every key with weight is selected. On the same seeded sample
+    of query rows as `error`, in chunks of rows: O(c N) memory, never N x N. Grouped keys:
+    query head h reads key-value head h // (Hq / Hk)."""
+    B, H, N, D = q.shape
+    rows = sample_rows(N, max_rows, seed)
+    rows = torch.arange(N) if rows is None else rows
+    q64 = q.detach().double() * D ** -0.5
+    k64 = k.detach().double()
+    if k64.shape[1] != H:
+        k64 = k64.repeat_interleave(H // k64.shape[1], dim=1)
+    c = max(1, _MASS_CHUNK_BYTES // (8 * B * H * max(N, 1)))
+    total, count = 0.0, 0
+    j = torch.arange(N, device=q.device)
+    for s in range(0, len(rows), c):
+        r = rows[s:s + c].to(q.device)
+        sc = q64[:, :, r] @ k64.transpose(-1, -2)  # (B, H, c, N)
+        if causal:
+            sc.masked_fill_(j[None, :] > r[:, None], float("-inf"))
+        p = torch.softmax(sc, dim=-1)
+        with torch.no_grad():
+            m = module.selected_keys(selection, r, N, causal).to(p.device)
+        got = (p * m).sum(dim=-1)  # (B, H, c): broadcast over a shared batch or head
+        total += float(got.sum())
+        count += got.numel()
+    return total / count
+
+
 class DecodeReference:
     """Float64 exact causal attention for T generated tokens, fed the context chunk by
     chunk as it is drawn (an online softmax): only T query rows and one chunk are alive,

@@ -28,6 +28,8 @@ product and the union (first occurrence of each case id wins) is the run. Withou
     timeout_s = 120             # per case, wall clock, worker killed after it
     threads = 0                 # torch.set_num_threads in the worker; 0: all cores
     err_rows = 1024             # error on a seeded sample of this many query rows when N is larger
+    selection = false           # also measure a sparse variant's selection: mass, select_ms (below)
+    budgets = [0.0625, 0.25]    # a sparse variant at each budget: mean keys a query attends / N
     mem_limit_mib = 0           # worker address-space cap above its baseline; 0: MemAvailable * 0.9
 
     [baseline]                  # decode: the decoder every ratio is against (the report's
@@ -43,6 +45,16 @@ in the matrix's order, each round a fresh measurement with min_run_time_s / R an
 ceil(min_repeats / R) timings (harness.measure.loop): the total stays about the same, and
 a drift of the machine's speed between minutes shows as the spread between the rounds'
 medians instead of hiding in one slow minute. Memory and error are measured once.
+
+With `selection = true` (the `sparse-frontier` preset) a forward case of a variant that
+selects keys (its `selection` is not None: routed, learned sparse, pattern variants) also
+records `mass` (the share of exact attention's mass on the keys it selects, on the
+error's rows: harness.measure.accuracy.mass_captured) and `select_ms` (the selection
+alone, timed as the call is). A run setting, not in the case id. `budgets` (fractions of
+N in (0, 1]) sets each variant that has a budget parameter (`Variant.budget_param`: top_k,
+random_blocks) at each length to the value whose mean keys per query is closest to the
+budget times N (`Variant.budget_params`), its other parameters as the matrix gives them;
+a variant without one (sdpa, the time baseline) runs once.
 
 A top-level `modules = ["my_attention.py", "mypkg.attention"]` names variant modules to
 import first (paths relative to the TOML; harness.cli.modules): how the names in `variants`
@@ -100,10 +112,14 @@ _KEYS: dict[str, tuple[object, str]] = {
     "timeout_s": (120.0, "float"), "threads": (0, "int"), "err_rows": (1024, "int"),
     "mem_limit_mib": (0, "int"), "decode_tokens": (16, "int"),
     "kv_heads": ([None], "list:int"), "value_heads": ([None], "list:int"),
-    "value_dim": ([None], "list:int"),
+    "value_dim": ([None], "list:int"), "selection": (False, "bool"),
+    "budgets": ([None], "list:float"),
 }
 # Axes a case records only where they differ from the default: not in the id otherwise.
 SHAPE_FIELDS = ("kv_heads", "value_heads", "value_dim")
+# Run settings added later, left out of a normalised matrix at their default, so that a
+# folder written before them resumes (its stored matrix reads as before).
+LATER_SETTINGS = {"selection": False, "budgets": [None]}
 _ALLOWED = {"dtypes": DTYPES, "devices": DEVICES, "inputs": DISTRIBUTIONS, "passes": PASSES}
 # Keys that make a case: its id is the hash of these. Run settings (time budget, threads,
 # limits) are not in it, so runs on different machines compare case by case.
@@ -137,6 +153,7 @@ class Case:
     kv_heads: int | None = None  # grouped keys (Hk = Hv < heads); None: heads
     value_heads: int | None = None  # grouped values (Hv > heads = Hk); None: heads
     value_dim: int | None = None  # values' width (Dv != head_dim); None: head_dim
+    selection: bool = False  # also measure the selection (mass, select_ms): a run setting
 
     @property
     def decode(self) -> bool:
@@ -238,6 +255,9 @@ def normalise(raw: dict, overrides: dict | None = None) -> dict:
         for f in SHAPE_FIELDS:
             if g[f] == [None]:
                 del g[f]
+        for f, default in LATER_SETTINGS.items():
+            if g[f] == default:
+                del g[f]
     if acausal:  # one message, however many groups
         where = ("command line" if {"passes", "causal"} & set(ov)
                  else f"groups[{', '.join(map(str, acausal))}]")
@@ -311,10 +331,13 @@ def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTION
         kind = _KEYS[key][1]
         if kind.startswith("list:"):
             value = value if isinstance(value, list) else [value]
-            typ = {"int": int, "str": str, "bool": bool}[kind[5:]]
-            bad = [v for v in value if not isinstance(v, typ) or (typ is int and isinstance(v, bool))]
+            typ = {"int": int, "str": str, "bool": bool, "float": (int, float)}[kind[5:]]
+            bad = [v for v in value if not isinstance(v, typ)
+                   or (typ in (int, (int, float)) and isinstance(v, bool))
+                   or (kind == "list:float" and not 0 < v <= 1)]
             if bad or not value:
-                errors.append(f"{where}: {key!r} must be a non-empty list of {kind[5:]}, got {value!r}")
+                what = "fractions in (0, 1]" if kind == "list:float" else kind[5:]
+                errors.append(f"{where}: {key!r} must be a non-empty list of {what}, got {value!r}")
                 continue
             allowed = inputs if key == "inputs" else _ALLOWED.get(key)
             wrong = [v for v in value if allowed is not None and v not in allowed]
@@ -333,6 +356,9 @@ def _check_group(table: dict, where: str, errors: list[str], inputs=DISTRIBUTION
             if key in ("rounds", "decode_tokens") and value < 1:
                 errors.append(f"{where}: {key!r} must be at least 1, got {value!r}")
                 continue
+        elif kind == "bool" and not isinstance(value, bool):
+            errors.append(f"{where}: {key!r} must be true or false, got {value!r}")
+            continue
         elif kind == "params" and not isinstance(value, dict):
             errors.append(f"{where}: 'params' must be a table name -> list of settings")
             continue
@@ -484,11 +510,13 @@ def expand(matrix: dict) -> list[Case]:
                 # widths the setting's own parameters fix (mla's latent): bad input here
                 errors += _setting(name, params).shape_reasons(
                     variants.Shape(B, H, N, D, Hk, Hv, Dv))
-            c = Case(name, params, device, dtype, B, H, D, N, causal, pass_, dist, g["seed"],
-                     float(g["min_run_time_s"]), g["min_repeats"], float(g["timeout_s"]),
-                     g["threads"] or os.cpu_count() or 1, g["err_rows"], g["mem_limit_mib"], src,
-                     g["rounds"], g["decode_tokens"], Hk, Hv, Dv)
-            cases.setdefault(c.case_id, c)
+            for p in at_budgets(name, params, N, causal, g.get("budgets", [None])):
+                c = Case(name, p, device, dtype, B, H, D, N, causal, pass_, dist, g["seed"],
+                         float(g["min_run_time_s"]), g["min_repeats"], float(g["timeout_s"]),
+                         g["threads"] or os.cpu_count() or 1, g["err_rows"],
+                         g["mem_limit_mib"], src, g["rounds"], g["decode_tokens"], Hk, Hv, Dv,
+                         g.get("selection", False))
+                cases.setdefault(c.case_id, c)
     if errors:
         raise UsageError("; ".join(dict.fromkeys(errors)))
     return list(cases.values())
@@ -498,6 +526,24 @@ def expand(matrix: dict) -> list[Case]:
 def _setting(name: str, params: str):
     """The variant of a setting (params JSON), built once for the plan's shape checks."""
     return variants.build(name, **json.loads(params))
+
+
+def at_budgets(name: str, params: str, N: int, causal: bool, budgets: list) -> list[str]:
+    """The stored parameters of `name` at each budget (a fraction of N: the mean keys a
+    query attends to, `Variant.budget_params`), first budget first; [params] without
+    budgets, for a layer pattern, or for a variant without a budget parameter."""
+    if budgets == [None] or stack.is_pattern(name):
+        return [params]
+    base = json.loads(params)
+    module = variants.build(name, **base)
+    out = []
+    for b in budgets:
+        set_ = module.budget_params(b * N, N, causal)
+        if set_ is None:
+            return [params]
+        out.append(json.dumps(variants.stored_params(name, **{**base, **set_}),
+                              sort_keys=True))
+    return list(dict.fromkeys(out))
 
 
 def grouped(name: str, H: int, D: int, Hk, Hv, Dv, errors: list[str]) -> tuple:

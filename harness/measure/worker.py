@@ -179,6 +179,8 @@ def _measure_time(case: Case, module, q, k, v, device, inputs: dict) -> dict:
         errors["layer_rel_err"] = json.dumps([float(f"{x:.4g}") for x in err.layer_rel_err])
     if compile_ms is not None:  # travels with the error fields into every later result
         errors["compile_ms"] = compile_ms
+    if case.selection and not case.backward:
+        errors.update(_measure_selection(case, module, q, k, inputs, device))
     del o
     fn = _prepared(case, module, q, k, v, inputs)
     start = time.perf_counter()
@@ -193,6 +195,32 @@ def _measure_time(case: Case, module, q, k, v, device, inputs: dict) -> dict:
     if "compile_ms" in errors and calls:  # prepare ran the pass itself
         errors["compile_ms"] = max(0.0, errors["compile_ms"] - calls * timed["time_ms"])
     return _result("ok", "", **timed, **errors)
+
+
+def _measure_selection(case: Case, module, q, k, inputs: dict, device) -> dict:
+    """`mass` and `select_ms` of a variant that selects keys (its `selection` is not None);
+    {} for one that does not. The selection is timed alone, as the call is, on half the
+    case's time budget."""
+    if isinstance(module, layers.Stack):  # a layer pattern selects nothing as a whole
+        return {}
+    select = module.selection
+    with torch.no_grad():
+        sel = select(q, k, case.causal, **inputs)
+        if sel is None:
+            return {}
+        mass = accuracy.mass_captured(module, sel, q, k, case.causal, max_rows=case.err_rows,
+                                      seed=case.seed)
+        del sel
+        start = time.perf_counter()
+        select(q, k, case.causal, **inputs)  # warm-up
+
+        def fn():
+            with torch.no_grad():
+                select(q, k, case.causal, **inputs)
+        t = timing.time_call(fn, min_run_time=case.min_run_time_s / 2,
+                             min_repeats=case.min_repeats, warmup=0,
+                             call_s=time.perf_counter() - start, device=device)
+    return {"mass": mass, "select_ms": t.time_ms}
 
 
 def _retime(case: Case, module, q, k, v, device, inputs: dict) -> dict:

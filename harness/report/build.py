@@ -18,7 +18,7 @@ import pandas as pd
 
 from harness.report import (answers, budget, by_length, complexity, crossover, environment,
                             gflops, layers, pareto, scaling, settings, summary, unmeasured)
-from harness.report import generation, hybrid, text_state
+from harness.report import generation, hybrid, sparse_frontier, text_state
 from harness.report import maps as report_maps
 from harness.report import model as report_model
 from harness.report import run as report_run
@@ -64,6 +64,7 @@ ORDER = (
     _bench(by_length.blocks),
     _bench(scaling.blocks),
     _bench(budget.blocks),
+    _bench(sparse_frontier.blocks),
     _bench(pareto.blocks),
     _bench(gflops.blocks),
     unmeasured.blocks,

@@ -14,13 +14,16 @@ order (the folder's accuracy rows on a recall task) and the text order agree (Sp
 rank correlation over the mixers that ran both).
 
 State tracking reads the rows of the state tasks (parity, mod_sum, permutations): test
-accuracy against the trained length per mixer, a table and a plot, and which mixers track
-each task to the longest length (a settled median of at least 0.9).
+accuracy against the trained length per mixer, a table (medians over seeds) and a plot (one
+panel per task: every seed a point, the median a line, chance and plateau as horizontal
+lines, accuracy on a fixed 0-1 axis; `state_plot_data` is what it draws), and which mixers
+track each task to the longest length (a settled median of at least 0.9).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -31,6 +34,7 @@ import pandas as pd  # noqa: E402
 
 from harness.files.curves import curves_path, read_curves  # noqa: E402
 from harness.files import TRAIN_CSV  # noqa: E402
+from harness.report import canvas  # noqa: E402
 
 TEXT_TITLE = "Quality on text"
 STATE_TITLE = "State tracking"
@@ -353,30 +357,94 @@ def longest_tracked(c: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@dataclass
+class StateFacet:
+    """What one task's panel of the state plot is drawn from: every seed's test accuracy
+    as its own point (`seeds`: label, N, seed, accuracy), the median over seeds as the line
+    (`medians`: label, N, accuracy), the task's declared chance and plateau (the plateau
+    drawn only where it differs from chance), and the y limits, fixed at (0, 1) so that a
+    task near chance is not zoomed into its noise."""
+    task: str
+    seeds: pd.DataFrame
+    medians: pd.DataFrame
+    chance: float | None
+    plateau: float | None
+    ylim: tuple[float, float] = (0.0, 1.0)
+
+
+def _declared(g: pd.DataFrame, col: str) -> float | None:
+    v = pd.to_numeric(g[col], errors="coerce").dropna() if col in g else pd.Series([], dtype=float)
+    return None if v.empty else float(v.iloc[0])
+
+
+def state_plot_data(rows: pd.DataFrame) -> list[StateFacet]:
+    """One facet per state task, in name order: the data the state plot draws."""
+    facets = []
+    for task, g in rows.groupby("task", sort=True):
+        seeds = (g[["label", "seq_len", "seed", "accuracy"]]
+                 .rename(columns={"seq_len": "N"})
+                 .astype({"N": int, "accuracy": float})
+                 .sort_values(["label", "N", "seed"]).reset_index(drop=True))
+        medians = (seeds.groupby(["label", "N"], sort=True)["accuracy"].median()
+                   .reset_index())
+        chance, plateau = _declared(g, "chance"), _declared(g, "plateau")
+        if plateau is not None and chance is not None and abs(plateau - chance) < 1e-12:
+            plateau = None  # the same line as chance
+        facets.append(StateFacet(task, seeds, medians, chance, plateau))
+    return facets
+
+
+def draw_state_plot(facets: list[StateFacet], path: Path) -> Path:
+    return canvas.save(state_figure(facets), path)
+
+
+def state_figure(facets: list[StateFacet]):
+    """Accuracy against the trained length, one panel per task: each seed a small point
+    (spread a little along x per mixer so that equal seeds stay visible), the median over
+    seeds a line with a marker, chance a dashed grey line (the plateau, where declared
+    apart from chance, dotted), y from 0 to 1."""
+    labels = sorted({lb for f in facets for lb in f.seeds["label"]})
+    palette, _, _ = canvas.styles(pd.DataFrame({"line": labels, "variant": labels}))
+    ncols = len(facets)
+    fig = canvas.new_figure(canvas.PANEL_IN[0] * ncols + canvas.LEGEND_IN, canvas.PANEL_IN[1])
+    canvas.adjust(fig, 1, ncols)
+    spread = {lb: 2 ** (0.12 * (i - (len(labels) - 1) / 2) / max(len(labels), 1))
+              for i, lb in enumerate(labels)}
+    for i, f in enumerate(facets):
+        ax = fig.add_subplot(1, ncols, i + 1)
+        for lb, g in f.medians.groupby("label", sort=True):
+            ax.plot(g["N"] * spread[lb], g["accuracy"], color=palette[lb], marker="o",
+                    markersize=4, linewidth=1.2)
+        for lb, g in f.seeds.groupby("label", sort=True):
+            ax.scatter(g["N"] * spread[lb], g["accuracy"], color=palette[lb], s=10,
+                       alpha=0.55, marker="x", linewidths=0.8)
+        if f.chance is not None:
+            ax.axhline(f.chance, color="grey", linestyle="--", linewidth=0.9)
+            ax.annotate("chance", (0.01, f.chance), xycoords=("axes fraction", "data"),
+                        fontsize=6, color="grey", va="bottom")
+        if f.plateau is not None:
+            ax.axhline(f.plateau, color="grey", linestyle=":", linewidth=0.9)
+        ax.set_xscale("log", base=2)
+        lengths = sorted(f.seeds["N"].unique())
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.set_xlim(min(lengths) / 1.4, max(lengths) * 1.4)
+        ax.set_ylim(*f.ylim)
+        ax.set_title(f.task, fontsize=9)
+        ax.set_xlabel("trained length N", fontsize=8)
+        ax.set_ylabel("test accuracy", fontsize=8)
+        ax.grid(alpha=0.3)
+    canvas.legend(fig, palette, ncols)
+    return fig
+
+
 def state_blocks(train: pd.DataFrame | None, run_dir: Path) -> list[tuple]:
     """The "State tracking" section; [] without state-task rows."""
     rows = state_rows(train)
     if rows is None:
         return []
     wide, c = state_table(rows)
-    pdir = Path(run_dir) / "plots"
-    pdir.mkdir(parents=True, exist_ok=True)
-    tasks = sorted(c["task"].unique())
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        for label, g in c[c["task"] == task].groupby("variant"):
-            g = g.sort_values("N")
-            ax.plot(g["N"], g["acc"], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_title(task)
-        ax.set_xlabel("trained length N")
-        ax.set_ylabel("test accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = pdir / "state_accuracy_vs_length.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = draw_state_plot(state_plot_data(rows),
+                           Path(run_dir) / "plots" / "state_accuracy_vs_length.png")
     chance = rows.groupby("task")["chance"].first()
     return [("h", 2, STATE_TITLE),
             ("p", "Running parity, running sums modulo m and the word problem of S_k, scored "
@@ -387,6 +455,9 @@ def state_blocks(train: pd.DataFrame | None, run_dir: Path) -> list[tuple]:
                     "with beta in (0, 1) cannot track parity; beta in (0, 2) can (Grazzi "
                     "et al. 2024, arXiv:2411.12537)."),
             ("table", wide),
+            ("p", "The plot draws every seed as its own cross and the median over seeds as "
+                  "the line, chance dashed (a plateau declared apart from chance dotted), "
+                  "accuracy from 0 to 1 on every task."),
             ("img", path, "state-task accuracy against length"),
             ("p", "Which mixers track each task to the longest trained length:"),
             ("table", longest_tracked(c))]

@@ -221,6 +221,58 @@ class Variant(Decoder, torch.nn.Module):
         `sink = true`, each head's sink logit in the denominator: rows summing to below 1)."""
         return softmax_weights(q, k, causal, key_mask=self.key_mask(q.shape[-2]), sinks=sinks)
 
+    # -- the keys it selects (the Sparse Frontier) ---------------------------------
+    # The integer parameter that sets how many keys a query attends to (top_k, a BigBird
+    # layout's random_blocks): `budget_params` sets it for a budget; None: none to set.
+    budget_param: ClassVar[str | None] = None
+
+    def budget_params(self, keys: float, N: int, causal: bool) -> dict | None:
+        """{budget_param: value}: the value whose `keys_per_query(N, causal)` is closest to
+        `keys` (bisection: the count grows with it), the other parameters as they are;
+        None for a variant without a budget parameter. How the Sparse Frontier's budgets
+        (a fraction of the keys) become settings (harness.measure.matrix, `budgets`)."""
+        name = self.budget_param
+        if name is None:
+            return None
+        field = {f.name: f for f in dataclasses.fields(self.params)}[name]
+        lo = int(field.metadata.get("min") or 0)
+
+        def count(x: int) -> float:
+            return type(self)(dataclasses.replace(self.params, **{name: x})).keys_per_query(
+                N, causal)
+        hi = max(lo, N)
+        a, b = lo, hi
+        while a < b:  # the least value reaching `keys` (hi if none does)
+            m = (a + b) // 2
+            if count(m) >= keys:
+                b = m
+            else:
+                a = m + 1
+        best = a if a == lo or abs(count(a) - keys) <= abs(count(a - 1) - keys) else a - 1
+        return {name: best}
+
+    def selection(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False,
+                  **inputs: torch.Tensor):
+        """What this variant computes to choose the keys each query attends to, in its own
+        form (block, page or key indices; a fixed pattern's key mask), computed as its
+        forward computes it: the harness times this call alone as the selection's cost
+        (`select_ms`) and reads it with `selected_keys`. None where the variant attends to
+        no subset of the keys with exact softmax (dense, low-rank, kernel, recurrent). The
+        default: the pattern of `key_mask`, fixed beforehand (nothing is computed a call)."""
+        return self.key_mask(q.shape[-2])
+
+    def selected_keys(self, selection, rows: torch.Tensor, N: int,
+                      causal: bool) -> torch.Tensor:
+        """bool (B or 1, H or 1, len(rows), N): the keys query positions `rows` (long)
+        attend to, from `selection` (this variant's own); causal: none after the query.
+        Broadcast over batch or heads where the selection is shared. The default reads
+        the key mask that `selection`'s default returns."""
+        j = torch.arange(N, device=rows.device)
+        m = selection(rows, j)  # (R, N)
+        if causal:
+            m = m & (j[None, :] <= rows[:, None])
+        return m[None, None]
+
     # -- description ------------------------------------------------------------------
     def flops(self, B: int, H: int, N: int, D: int, causal: bool = False) -> int:
         """Analytic forward FLOPs (2 per multiply-add, matmuls only)."""

@@ -72,6 +72,7 @@ class Dsa(Variant):
     family = "learned_sparse"
     Params = DsaParams
     paper = "https://arxiv.org/abs/2512.02556"
+    budget_param = "top_k"
     contract = Contract(
         causal="causal_only", refused_why="dsa selects among each token's earlier keys "
         "(DeepSeek-V3.2's decoder-only form): non-causal attention is refused",
@@ -92,6 +93,17 @@ class Dsa(Variant):
         """The keys each query reads, (B, N, min(top_k, N)) int32, -1 where fewer precede
         it; not differentiated."""
         return ix.select(q, k, self.params.top_k, self.params.indexer, **inputs)
+
+    def selection(self, q, k, causal=True, **inputs):
+        """`select`: the indexer's scores and top_k, as forward computes them (DSA's real
+        selection cost)."""
+        return self.select(q, k, **inputs)
+
+    def selected_keys(self, selection, rows, N, causal):
+        """(B, 1, R, N): one selection shared by every head."""
+        sel = selection[:, rows.to(selection.device)].long()
+        m = torch.zeros(*sel.shape[:2], N + 1, dtype=torch.bool, device=sel.device)
+        return m.scatter_(-1, sel.masked_fill(sel < 0, N), True)[:, None, :, :N]
 
     def attend(self, q, k, v, causal, **inputs):
         if q.shape[-2] == 0:

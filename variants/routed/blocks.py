@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from ..core import Contract, Grouping, Variant, compute_dtype, softmax_scale
 from .decoding import BlockDecoding
 from .routed_rows import routed_block_attention
-from .routing import block_count, selected_keys, top_blocks
+from .routing import block_count, selected_keys, selected_rows, top_blocks
 
 # Up to this many tokens the selection is applied as a mask over the dense scores (one
 # SDPA call with a boolean mask): at a recall model's lengths the routed kernel's plan
@@ -37,6 +37,7 @@ class BlockRouted(BlockDecoding, Variant):
     block_param: ClassVar[str] = "block_size"
     # Gate FLOPs per (query, block, channel): 2 for one dot product.
     gate_flops: ClassVar[int] = 2
+    budget_param = "top_k"  # blocks (pages) a query reads: its budget, b keys a block
 
     @property
     def block(self) -> int:
@@ -63,6 +64,14 @@ class BlockRouted(BlockDecoding, Variant):
             return top_blocks(self.gate(k.detach().to(cd)), q.detach().to(cd),
                               block_count(q.shape[-2], self.block), self.block,
                               self.params.top_k, causal)
+
+    def selection(self, q, k, causal=False):
+        """`select`: the block indices forward computes (the selection's cost)."""
+        return self.select(q, k, causal)
+
+    def selected_keys(self, selection, rows, N, causal):
+        return selected_rows(selection[:, :, rows.to(selection.device)], rows, self.block, N,
+                             causal)
 
     def attend(self, q, k, v, causal):
         N = q.shape[-2]

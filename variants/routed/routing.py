@@ -97,3 +97,18 @@ def selected_keys(sel: torch.Tensor, b: int, N: int, causal: bool) -> torch.Tens
     if causal:
         allowed &= torch.ones(N, N, dtype=torch.bool, device=sel.device).tril()
     return allowed
+
+
+def selected_rows(sel: torch.Tensor, rows: torch.Tensor, b: int, N: int,
+                  causal: bool) -> torch.Tensor:
+    """The bool (B, H, R, N) keys of query positions `rows` (R,) under their block
+    selection sel (B, H, R, kk) (-1: none), and j <= i when causal: one row's mask at a
+    time for the Sparse Frontier's mass, O(R N) whatever the sequence."""
+    B, H, R, kk = sel.shape
+    nb = block_count(N, b)
+    blocks = torch.zeros(B, H, R, nb + 1, dtype=torch.bool, device=sel.device)
+    blocks.scatter_(-1, sel.masked_fill(sel < 0, nb), True)
+    allowed = blocks[..., :nb].repeat_interleave(b, dim=-1)[..., :N]
+    if causal:
+        allowed &= torch.arange(N, device=sel.device)[None, :] <= rows.to(sel.device)[:, None]
+    return allowed

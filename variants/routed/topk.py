@@ -113,12 +113,23 @@ class TopK(Variant):
     paper = "https://arxiv.org/abs/2504.17768"
     # A bound for the others, not an efficient method: the report never offers it.
     contract = Contract(reference_ceiling=True, weights=True)
+    budget_param = "top_k"
 
     def select(self, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> torch.Tensor:
         """The keys each query reads, (B, H, N, min(top_k, N)) long, best first; -1 where
         fewer keys precede it (causal). Not differentiated."""
         with torch.no_grad():
             return top_keys(q.detach(), k.detach(), self.params.top_k, causal)
+
+    def selection(self, q, k, causal=False):
+        """`select`: each query's top_k keys by its exact scores (O(N^2): the oracle's
+        cost, which its forward pays inside its own chunks)."""
+        return self.select(q, k, causal)
+
+    def selected_keys(self, selection, rows, N, causal):
+        sel = selection[:, :, rows.to(selection.device)]
+        m = torch.zeros(*sel.shape[:3], N + 1, dtype=torch.bool, device=sel.device)
+        return m.scatter_(-1, sel.masked_fill(sel < 0, N), True)[..., :N]
 
     def attend(self, q, k, v, causal):
         if q.shape[-2] == 0:

@@ -98,6 +98,7 @@ class BlockSparse(CacheDecoder, Variant):
                         grouping=Grouping("kv", "native", value_dim=True))
     Params = BlockSparseParams
     paper = "https://arxiv.org/abs/2007.14062"
+    budget_param = "random_blocks"  # the window and global blocks kept, the random ones set
 
     def __init__(self, params=None):
         super().__init__(params)
