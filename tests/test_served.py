@@ -221,8 +221,13 @@ def test_decode_served_names_its_baseline_and_runs_every_decoder():
             {4096, 65536, 262144, 1 << 20}
     assert ("sliding_window", '{"sink": true, "window": 127}', 8, 1 << 20) in got
     assert {c.batch for c in cases} == {1} and {c.heads for c in cases} == {32}
-    assert {c.dtype for c in cases} == {"float32"} and {c.head_dim for c in cases} == {128}
-    assert {c.variant for c in cases} == {"sdpa", "sliding_window", "dsa", "gated_deltanet"}
+    assert {c.dtype for c in cases} == {"float32"}
+    assert {c.head_dim for c in cases if c.variant != "mla"} == {128}
+    assert {c.variant for c in cases} == {"sdpa", "sliding_window", "dsa", "gated_deltanet",
+                                          "mla"}
+    # mla: the rotary query and key (64), one latent of 512 for all heads, to 1M
+    assert {(c.head_dim, c.kv_heads, c.value_dim, c.seq_len) for c in cases
+            if c.variant == "mla"} == {(64, 1, 512, n) for n in (4096, 65536, 262144, 1 << 20)}
 
 
 def test_a_baseline_the_matrix_does_not_run_is_an_error():
