@@ -71,13 +71,18 @@ GATE_INPUTS = tuple(
 @dataclasses.dataclass
 class NsaCache(DecodeState):
     """Keys (B, Hk, max_len, D) and values (B, Hk, max_len, Dv), the first n written; the
-    compressed keys and values (B, Hk, nc(max_len), .), the first nc(n) written."""
+    compressed keys and values (B, Hk, nc(max_len), .), the first nc(n) written; the
+    query heads, which the gates of a context taken in pieces follow."""
     appends = True
     k: torch.Tensor
     v: torch.Tensor
     kc: torch.Tensor
     vc: torch.Tensor
     n: int
+    q_heads: int
+
+    def query_heads(self) -> int:
+        return self.q_heads
 
     def mark(self) -> int:
         return self.n
@@ -208,7 +213,8 @@ class Nsa(Variant):
         B, Hk, _, D = k.shape
         nc = bk.compressed_count(max_len, p.block, p.stride)
         state = NsaCache(k.new_empty(B, Hk, max_len, D), v.new_empty(B, Hk, max_len, v.shape[-1]),
-                         k.new_empty(B, Hk, nc, D), v.new_empty(B, Hk, nc, v.shape[-1]), 0)
+                         k.new_empty(B, Hk, nc, D), v.new_empty(B, Hk, nc, v.shape[-1]), 0,
+                         inputs["gate_cmp"].shape[1] if inputs else Hk)
         return self.decode_extend(state, k, v)
 
     def decode_extend(self, state, k, v, **inputs):
