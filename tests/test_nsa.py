@@ -16,7 +16,7 @@ import run_bench
 from dispatch_probe import LargestOutput
 
 import variants
-from variants.learned_sparse import gathered, nsa_branches, nsa_reference
+from variants.learned_sparse import gathered, nsa_reference
 from variants.learned_sparse import blocks as bk
 from variants.learned_sparse import indexer as ix
 
