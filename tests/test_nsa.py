@@ -6,7 +6,8 @@ dense masks, the selection by a stable sort over an explicit overlap matrix) and
 single branch covers every key, against exact attention; forward and the gradients of q,
 k, v and the gates; the decoder against the causal forward's rows, and what a step
 gathers against `decode_read_size_at`. Each planted bug (a selection that reads the
-future, the bottom-n blocks, ties to the earlier block) makes `check` fail.
+future, the bottom-n blocks, ties to the earlier block, a compressed block seen before it
+ends) makes `check` fail.
 """
 
 import pytest
@@ -100,6 +101,22 @@ def test_the_compressed_branch_is_the_mean_pooled_blocks_it_has_seen(cut):
     # the query at 7 sees block 0 alone: its output is the mean of v[0:8]
     want = v[:, :, :8].mean(dim=2).repeat_interleave(2, dim=1)
     assert rel(o[:, :, 7], want) <= 1e-14
+
+
+def test_a_compressed_block_seen_before_it_ends_fails(monkeypatch):
+    """Planted: query t sees the compressed blocks that start at or before it (their
+    later tokens are its future)."""
+    m = variants.build("nsa", **SMALL)
+    q, k, v, ins = case(40, gates=(1, 0, 0), grad=True)
+    check(m, q, k, v, ins)
+
+    def early(qs, kcc, t, ne, block, stride):
+        sc = qs @ kcc[:, :, None, :ne].transpose(-1, -2)
+        return sc.masked_fill_(torch.arange(ne) * stride > t[:, None], float("-inf"))
+
+    monkeypatch.setattr(bk, "_scores", early)
+    with pytest.raises(AssertionError, match="forward"):
+        check(m, q, k, v, ins)
 
 
 @pytest.mark.parametrize("N,Hk,setting,cut", [
