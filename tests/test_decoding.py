@@ -26,9 +26,10 @@ SETTINGS = {
     "scatterbrain": {"window": 4, "num_features": 16},
     "quest": {"page_size": 4, "top_k": 3},
     "dsa": {"top_k": 5},
+    "nsa": {"block": 4, "stride": 2, "select_block": 4, "top_n": 2, "window": 3},
 }
 # Boundaries of each variant's own blocking, so that prefill lengths straddle them.
-BOUNDARIES = {"sliding_window": [5], "scatterbrain": [5, 64], "block_sparse": [4, 12], "moba": [4, 12], "quest": [4, 12], "dsa": [5], "linear": [64], "performer": [128], "retention": [64],
+BOUNDARIES = {"sliding_window": [5], "scatterbrain": [5, 64], "block_sparse": [4, 12], "moba": [4, 12], "quest": [4, 12], "dsa": [5], "nsa": [4, 9], "linear": [64], "performer": [128], "retention": [64],
               "gla": [64], "mamba2": [64], "deltanet": [64], "gated_deltanet": [64]}
 
 

@@ -11,7 +11,8 @@ Dv != Dk. At each:
     heads repeated for a recurrence; and for every variant, its own output on the heads
     repeated (query head h reads key-value head h // (Hq / Hk); value head j reads
     query-key head j // (Hv / Hk)), which pins the grouping's meaning for an
-    approximate variant too;
+    approximate variant too (a grouping whose group shares a selection,
+    `group_selects`, with a group's query heads drawn equal);
   * a variant that declares `native` makes no tensor of one shared head per output head
     from the shared heads alone (a repeat, an expand and a copy, a gather): watched op by
     op (`Repeats`, a TorchDispatchMode), against the same call with as many query heads
@@ -190,6 +191,11 @@ def groupings(name: str) -> str:
 def _forward(m, s: Shape, causal: bool) -> float:
     dtype = _dtype(m, causal, s)
     q, k, v, ins = _draw(m, s, dtype, seed=s.Hk + 7 * s.Hv + s.Dv)
+    if m.contract.grouping.group_selects and s.Hk != s.H:
+        # One selection a group (NSA's): the call on the heads repeated makes each head
+        # its own group, so the two agree where a group's query heads are equal.
+        r = s.H // s.Hk
+        q = q[:, ::r].repeat_interleave(r, dim=1)
     with torch.no_grad():
         o = m(q, k, v, causal=causal, **ins)
         want = (s.B, s.out_heads, s.N, s.Dv)

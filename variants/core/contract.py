@@ -59,11 +59,15 @@ class Grouping:
     heads: the head count that may differ from q's: `kv` (softmax: Hk = Hv dividing Hq) or
     `value` (recurrences: Hq = Hk dividing Hv). how: `native`, `repeat` or `refuse`; why:
     the reason, required where it refuses. value_dim: it runs values of their own width
-    (Dv != Dk); the output is Dv wide."""
+    (Dv != Dk); the output is Dv wide. group_selects: the query heads of a key-value group
+    share one choice of keys (NSA's block selection, summed over the group): a grouped
+    call is then its call on the heads repeated only where a group's query heads are
+    equal, which is how the conformance kit compares the two."""
     heads: GroupedHeads = "kv"
     how: GroupingHow = "repeat"
     why: str = ""
     value_dim: bool = False
+    group_selects: bool = False
 
     def __post_init__(self):
         _choice("grouping.heads", self.heads, GROUPED_HEADS)
@@ -75,7 +79,8 @@ class Grouping:
         """`kv native`, `value repeat`, `kv refuses (why)`; `+ Dv` where value_dim."""
         text = f"{self.heads} {self.how}" if self.how != "refuse" else \
             f"{self.heads} refuses ({self.why})"
-        return text + (", Dv != Dk" if self.value_dim else "")
+        return (text + (", Dv != Dk" if self.value_dim else "")
+                + (", one selection a group" if self.group_selects else ""))
 
 
 @dataclasses.dataclass(frozen=True)

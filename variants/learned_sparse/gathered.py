@@ -32,7 +32,9 @@ def _chunks(B, N, kk, Hq, Hk, D, Dv):
 
 
 def gathered_attention(q, k, v, sel):
-    """Each query's softmax over its selected keys; gradients reach q, k, v."""
+    """Each query's softmax over its selected keys; gradients reach q, k, v. sel: a (B, N,
+    kk) int tensor, or an object with that `shape` whose `sel[:, s:e]` gives a chunk's
+    rows (nsa's blocks and window, expanded to tokens one chunk at a time)."""
     return _Gathered.apply(q, k, v, sel)
 
 
@@ -85,13 +87,16 @@ class _Gathered(torch.autograd.Function):
             out[:, s:e] = sc @ V
         if any(ctx.needs_input_grad[:3]):
             ctx.dtype, ctx.shapes = dtype, (q.shape, k.shape, v.shape)
-            ctx.save_for_backward(qs, kf, vf, out, lse, sel)
+            kept = (sel,) if isinstance(sel, torch.Tensor) else ()
+            ctx.rows_of = None if kept else sel
+            ctx.save_for_backward(qs, kf, vf, out, lse, *kept)
         return _back(out).to(dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        qs, kf, vf, out, lse, sel = ctx.saved_tensors
+        qs, kf, vf, out, lse, *kept = ctx.saved_tensors
+        sel = kept[0] if kept else ctx.rows_of
         (B, Hq, N, D), (_, Hk, _, _), (_, _, _, Dv) = ctx.shapes
         kk = sel.shape[-1]
         do = _layout(dout.to(qs.dtype), Hk)  # (B, N, Hk, r, Dv)
