@@ -305,7 +305,7 @@ def test_the_dry_run_plans_decode_served_and_names_the_guards_skip(capsys, monke
     monkeypatch.setattr(memory, "mem_available_bytes", lambda: 24 * 2**30)  # the machine
     assert run_bench.main(["run", "--preset", "decode-served", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("27 cases; 0 skipped as declared unsupported")
+    assert out.startswith("31 cases; 0 skipped as declared unsupported")
     guard = next(line for line in out.splitlines() if "memory guard: 1 decode case" in line)
     assert "sdpa() N=1048576 decode" in guard and "kv_heads" not in guard
 

@@ -64,7 +64,8 @@ def _gate(gen, B, H, N, D):
 GATE_INPUTS = tuple(
     InputSpec(name, ("B", "H", "N"), 0.0, 1.0,
               "sigmoid(N(0, 1)) (the gate MLP's sigmoid at initialisation)", _gate,
-              doc=f"the {what} branch's gate, one a query head and token")
+              doc=f"the {what} branch's gate, one a query head and token",
+              layer="sigmoid")  # trained: sigmoid(W x + b) per head (NSA Sec. 3.1's gate)
     for name, what in zip(GATES, ("compressed", "selected", "sliding-window")))
 
 
