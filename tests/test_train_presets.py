@@ -20,7 +20,11 @@ LIBRARY = ("_flex", "_sdpa_mask", "_xformers", "_fla")
 # Variants the recall model cannot hold, each with why: its block makes q, k, v of H heads
 # of d / H from the hidden state, and MLA's layer (a latent and a rotary key shared by
 # the heads, the up-projections w_uk and w_uv) is not built (docs/variants.md, mla).
-UNTRAINED = {"mla": "no MLA layer in the recall model"}
+UNTRAINED = {"mla": "no MLA layer in the recall model",
+             # trains (its gates by a sigmoid layer: `attnbench train --variants nsa` with
+             # block 8, stride 4, select_block 8, top_n 3, window 8), but its CPU step is
+             # about 4x dsa's, and train-quick's plan would pass its five minutes
+             "nsa": "its CPU step would take train-quick past its five minutes"}
 
 
 def _trainable(configs) -> dict[str, list]:

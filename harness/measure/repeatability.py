@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(a)} cases at N={args.seq_len}; runs in {out}")
     print(tabulate(lines, headers=["variant", "pass", "1 round: a / b ms", "IQR / median (a)",
                                    "drift a -> b", f"{args.rounds} rounds: ms",
-                                   "spread between rounds"]))
+                                   "spread between rounds"],
+                   disable_numparse=True))  # "1.00" stays "1.00", not 1
     if drifts:
         hidden = sum(d > i for d, i in zip(drifts, iqrs))
         print(f"without rounds: IQR median {statistics.median(iqrs):.1%}; the same case a run "
