@@ -143,6 +143,23 @@ def test_decoding_with_sinks_gives_the_causal_forwards_rows(name, params):
         torch.testing.assert_close(o, full[:, :, t:t + 1], rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("name,params", SINK_VARIANTS)
+def test_grouped_keys_with_sinks_decode_a_context_taken_in_pieces(name, params):
+    """Sinks are one a query head; a grouped cache keeps fewer key heads. A context taken in
+    pieces (prefill, then extend) sizes the later piece's sinks by the query heads the
+    prefill was given (decode-served's windowed rows failed on it at 64K: the ring said 8
+    heads, the sinks 32)."""
+    m = variants.build(name, sink=True, **params)
+    q, k, v = _qkv(N=40, Hk=2)
+    s = _sinks(4)
+    full = m(q, k, v, causal=True, sinks=s)
+    state = m.prefill(k[:, :, :20], v[:, :, :20], max_len=40, q_heads=4, sinks=s)
+    state = m.extend(state, k[:, :, 20:30], v[:, :, 20:30], sinks=s)
+    for t in range(30, 40):
+        o, state = m.step(state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], sinks=s)
+        assert (o - full[:, :, t:t + 1]).abs().max() <= 1e-10
+
+
 def test_gpt_oss_windowed_layer_keeps_a_constant_state():
     m = variants.build("sliding_window", window=127, sink=True)
     sizes = set()

@@ -62,7 +62,10 @@ class Decoder:
             H = sizes["H"]
             k, v = (t if t.shape[1] == H else t.repeat_interleave(H // t.shape[1], dim=1)
                     for t in (k, v))
-        return self.decode_prefill(k, v, max_len, **inputs)
+        state = self.decode_prefill(k, v, max_len, **inputs)
+        if isinstance(state, DecodeState):  # what a later piece's per-head inputs are sized by
+            state.__dict__["_query_heads"] = q_heads
+        return state
 
     def unchecked_step(self, state: DecodeState, q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, **inputs) -> tuple[torch.Tensor, DecodeState]:

@@ -58,8 +58,9 @@ class DecodeState:
     def query_heads(self) -> int:
         """The query heads its decoder serves, which size a piece of context's per-head
         inputs (`Decoder.extend`): the heads it keeps, unless it keeps fewer (mla's one
-        latent for every head says its own)."""
-        return self.heads()
+        latent for every head says its own). `Decoder.prefill` records the queries' count
+        on the state it returns, so a grouped cache (fewer key heads) answers with it."""
+        return self.__dict__.get("_query_heads") or self.heads()
 
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)
@@ -174,8 +175,9 @@ class RingKV(DecodeState):
 
 class CacheDecoder:
     """Mixed into a Variant whose decoding state is a cache of keys and values (KVCache,
-    RingKV): more context is written into the cache as it is, no outputs made."""
+    RingKV): more context is written into the cache as it is, no outputs made. Inputs that
+    shape only outputs (sinks) are checked by `Decoder.extend` and not needed here."""
 
-    def decode_extend(self, state, k, v):
+    def decode_extend(self, state, k, v, **output_inputs):
         state.extend(k, v)
         return state
