@@ -159,8 +159,11 @@ def test_the_worker_records_mass_and_selection_time():
                       "min_run_time_s": 0.001, "min_repeats": 1, "threads": 1})
     got = run_case(case, "time")
     assert got["status"] == "ok" and 0 < got["mass"] <= 1 and got["select_ms"] > 0
+    module = variants.build("moba", **json.loads(case.params))
+    assert (got["select_flops"], got["select_bytes"]) == module.selection_cost(
+        case.batch, 2, 2, 64, 8, case.causal, 4)
     plain = run_case(mx.Case(**{**case.to_json(), "selection": False}), "time")
-    assert "mass" not in plain and "select_ms" not in plain
+    assert "mass" not in plain and "select_ms" not in plain and "select_flops" not in plain
 
 
 def _row(variant, budget, mass, cos, ms, sel_ms, n=4096, inp="retrieval", **params):
@@ -214,3 +217,77 @@ def test_a_run_without_selection_has_no_section(tmp_path):
     # and the report's order holds the section (behind its guard for benchmark rows)
     inner = [c.cell_contents for f in build.ORDER for c in (f.__closure__ or ())]
     assert SF.blocks in inner
+
+
+# -- nsa on the frontier, and the selection's FLOPs and bytes ------------------------------
+NSA = {"block": 8, "stride": 4, "select_block": 8, "top_n": 2, "window": 5}
+
+
+def test_nsa_selects_its_chosen_blocks_and_window_up_to_the_query():
+    """Against the float64 reference's own branch masks (a separate selection, made from
+    the float64 compressed probabilities by a loop): chosen-block tokens up to the query,
+    or the window's. Planted: the window one token wider; blocks after the query kept."""
+    from variants.learned_sparse import reference
+
+    module = variants.build("nsa", **NSA)
+    q, k = _qk(B=2, H=4, Hk=2, N=40, D=8, seed=4)
+    N = q.shape[-2]
+    sel = module.selection(q, k, True)
+    got = module.selected_keys(sel, torch.arange(N), N, True)  # (B, Hk, N, N)
+    blocks, win = reference._branch_masks(q, k, *(NSA[x] for x in (
+        "block", "stride", "select_block", "top_n", "window")))
+    want = (blocks | win)[:, ::2]  # a group's query heads share its selection
+    assert torch.equal(got, want)
+    assert not want.all(dim=-1).all()  # some key is left out: the test can fail
+    # the mass of a sample of rows sums exact attention over exactly those keys
+    kr = k.repeat_interleave(2, dim=1)
+    s = (q.double() @ kr.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    s = s.masked_fill(torch.ones(N, N, dtype=torch.bool).triu(1), float("-inf"))
+    ref = (torch.softmax(s, -1) * want.repeat_interleave(2, dim=1)).sum(-1)
+    assert accuracy.mass_captured(module, sel, q, kr, True) == pytest.approx(
+        float(ref.mean()), abs=1e-12)
+
+
+def test_nsa_budget_sets_top_n():
+    module = variants.build("nsa", **NSA)
+    got = module.budget_params(20.0, 64, True)["top_n"]
+    kpq = [variants.build("nsa", **{**NSA, "top_n": t}).keys_per_query(64, True)
+           for t in range(1, 9)]
+    assert abs(kpq[got - 1] - 20.0) == pytest.approx(min(abs(x - 20.0) for x in kpq))
+
+
+@pytest.mark.parametrize("name,params", [*SELECTORS[:4], ("nsa", NSA),
+                                         ("dsa", {"top_k": 12, "indexer": "lightning"})])
+@pytest.mark.parametrize("causal", [True, False])
+def test_selection_flops_are_the_matmuls_the_selection_runs(name, params, causal):
+    """select_flops x B x N against torch's own count of the matmuls `selection` runs
+    (torch.utils.flop_counter: mm and bmm, 2 a multiply-add; the top-k, masks and sums
+    are not matmuls). Planted: a causal chunk counted against all N keys; Quest's bound
+    counted as one product."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module = variants.build(name, **params)
+    if not causal and module.contract.causal == "causal_only":
+        pytest.skip("causal only")
+    B, H, Hk, N, D = 2, 4, 2, 48, 8
+    q, k = _qk(B=B, H=H, Hk=Hk, N=N, D=D, seed=5)
+    inputs = module.draw_inputs(B, H, N, D, seed=0) if module.contract.inputs else {}
+    with FlopCounterMode(display=False) as fc:
+        module.selection(q, k, causal, **inputs)
+    flops, nbytes = module.selection_cost(B, H, Hk, N, D, causal, 4)
+    assert flops * B * N == pytest.approx(fc.get_total_flops(), rel=1e-9)
+    assert nbytes > 0
+
+
+def test_selection_bytes_count_what_each_selector_reads():
+    N, D = 64, 8
+    moba = variants.build("moba", block_size=8, top_k=2).selection_cost(1, 4, 4, N, D)
+    quest = variants.build("quest", page_size=8, top_k=2).selection_cost(1, 4, 4, N, D)
+    assert quest[1] == 2 * moba[1] == 2 * 8 * 4 * D * 4  # min and max against a mean
+    topk = variants.build("topk", top_k=8)
+    assert topk.selection_cost(1, 4, 2, N, D)[1] * 2 == topk.selection_cost(1, 4, 4, N, D)[1]
+    light = variants.build("dsa", top_k=8, indexer="lightning")
+    # one indexer key a token, shared by every head: the heads do not change the bytes
+    assert light.selection_cost(1, 4, 4, N, D)[1] == light.selection_cost(1, 8, 8, N, D)[1]
+    assert variants.build("block_sparse", block_size=8).selection_cost(1, 4, 4, N, D) is None
+    assert variants.build("sdpa").selection_cost(1, 4, 4, N, D) is None

@@ -46,7 +46,7 @@ RESULT_COLUMNS = [
     "row_cos", "err_ref", "layer_rel_err", "compile_ms", "flops", "gflops_per_s", "threads", "seed",
     "state_size", "decode_tokens", "prefill_ms", "decode_state_mib", "keys_per_query",
     "decode_read_mib", "kv_heads", "value_heads", "value_dim", "decode_flops", "mass",
-    "select_ms"]
+    "select_ms", "select_flops", "select_bytes"]
 # Heads and widths of their own (variants.core.contract): kv_heads (grouped keys, Hk = Hv
 # dividing heads), value_heads (grouped values, Hv a multiple of heads = Hk), value_dim
 # (values' width Dv); empty where the default (heads, head_dim). Added last: a results.csv
@@ -61,9 +61,11 @@ RESULT_COLUMNS = [
 # variant that selects keys: the mean over the error's rows of exact attention's float64
 # mass on the keys the row attends to (1: nothing with weight left out), and the median
 # time of the selection alone (`Variant.selection`: the gate, the indexer, the top-k),
-# which time_ms includes; empty elsewhere.
+# which time_ms includes; empty elsewhere. select_flops, select_bytes: the selection's
+# scores a query, all heads, and the bytes they read (`Variant.selection_cost`: block
+# statistics, compressed keys, indexer keys, keys), empty for a fixed pattern.
 LATER_RESULT_COLUMNS = ("kv_heads", "value_heads", "value_dim", "decode_flops", "mass",
-                        "select_ms")
+                        "select_ms", "select_flops", "select_bytes")
 # keys_per_query: the mean number of keys a query attends to at this length and causal flag
 # (variants' `keys_per_query`: N for exact attention, (N + 1) / 2 causal; a window, a
 # block layout, top-k blocks, pages or keys: theirs), the budget on which sparse patterns,

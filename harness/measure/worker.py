@@ -198,9 +198,10 @@ def _measure_time(case: Case, module, q, k, v, device, inputs: dict) -> dict:
 
 
 def _measure_selection(case: Case, module, q, k, inputs: dict, device) -> dict:
-    """`mass` and `select_ms` of a variant that selects keys (its `selection` is not None);
-    {} for one that does not. The selection is timed alone, as the call is, on half the
-    case's time budget."""
+    """`mass` and `select_ms` of a variant that selects keys (its `selection` is not None),
+    and its selection's FLOPs and bytes a query (`Variant.selection_cost`; empty for a
+    fixed pattern); {} for one that does not. The selection is timed alone, as the call
+    is, on half the case's time budget."""
     if isinstance(module, layers.Stack):  # a layer pattern selects nothing as a whole
         return {}
     select = module.selection
@@ -220,7 +221,12 @@ def _measure_selection(case: Case, module, q, k, inputs: dict, device) -> dict:
         t = timing.time_call(fn, min_run_time=case.min_run_time_s / 2,
                              min_repeats=case.min_repeats, warmup=0,
                              call_s=time.perf_counter() - start, device=device)
-    return {"mass": mass, "select_ms": t.time_ms}
+    cost = module.selection_cost(case.batch, case.heads, case.kv_heads or case.heads,
+                                 case.seq_len, case.head_dim, case.causal,
+                                 torch.empty(0, dtype=q.dtype).element_size())
+    flops, nbytes = cost if cost is not None else (None, None)
+    return {"mass": mass, "select_ms": t.time_ms, "select_flops": flops,
+            "select_bytes": nbytes}
 
 
 def _retime(case: Case, module, q, k, v, device, inputs: dict) -> dict:

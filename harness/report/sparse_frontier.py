@@ -41,8 +41,9 @@ def frontier_rows(df: pd.DataFrame) -> pd.DataFrame:
         return df.iloc[:0]
     rows = T.against_softmax(T.ok_rows(df))
     rows = rows[(rows["pass"] == "forward") & pd.to_numeric(rows["mass"], errors="coerce").notna()]
-    return rows.assign(mass=pd.to_numeric(rows["mass"]),
-                       select_ms=pd.to_numeric(rows["select_ms"], errors="coerce"))
+    num = {c: pd.to_numeric(rows[c], errors="coerce") if c in rows.columns else np.nan
+           for c in ("select_ms", "select_flops", "select_bytes")}  # the last two: later
+    return rows.assign(mass=pd.to_numeric(rows["mass"]), **num)
 
 
 def matrix_budgets(meta: dict) -> list[float]:
@@ -82,6 +83,7 @@ def frontier_table(rows: pd.DataFrame, sdpa: pd.DataFrame, budgets: list[float])
                         "setting": ", ".join(f"{k}={p[k]}" for k in vary) or "–",
                         "keys_per_query": r["keys_per_query"], "mass": r["mass"],
                         "row_cos": r["row_cos"], "select_ms": r["select_ms"],
+                        "select_flops": r["select_flops"], "select_bytes": r["select_bytes"],
                         "time_ms": r["time_ms"], "x_sdpa": r["time_ms"] / base,
                         "ceiling": variant in REFERENCE_CEILINGS})
     t = pd.DataFrame(out)
@@ -114,6 +116,17 @@ def beats_baseline(t: pd.DataFrame) -> list[tuple]:
     return out
 
 
+def _si(x) -> str:
+    """A count in SI prefixes to three figures (12.3k, 4.19M); – for none (a fixed
+    pattern computes nothing to select, a run before the columns)."""
+    if x is None or not np.isfinite(x):
+        return "–"
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
 def _fmt(t: pd.DataFrame) -> pd.DataFrame:
     f = t.copy()
     f["selector"] = [s + (" (oracle)" if c else "") for s, c in zip(f["selector"], f["ceiling"])]
@@ -123,9 +136,13 @@ def _fmt(t: pd.DataFrame) -> pd.DataFrame:
         f[c] = [f"{x:.4f}" for x in f[c]]
     for c in ("select_ms", "time_ms"):
         f[c] = [T.fmt_num(x) if pd.notna(x) else "–" for x in f[c]]
+    for c in ("select_flops", "select_bytes"):
+        f[c] = [_si(x) for x in f[c]]
     f["x_sdpa"] = [f"{x:.2f}" if pd.notna(x) else "–" for x in f["x_sdpa"]]
     return f.drop(columns=["ceiling", "line", "fraction"]).rename(columns={
-        "keys_per_query": "keys / query", "select_ms": "selection ms", "time_ms": "time ms",
+        "keys_per_query": "keys / query", "select_ms": "selection ms",
+        "select_flops": "selection FLOPs / query", "select_bytes": "selection bytes / query",
+        "time_ms": "time ms",
         "x_sdpa": "x sdpa"})
 
 
@@ -183,6 +200,9 @@ def blocks(run: Run) -> list[tuple]:
                  "exact attention's float64 mass on the keys it selects (1: nothing with "
                  "weight missed); row_cos: its output row's cosine to exact attention's; "
                  "selection ms: the selection alone (gate, indexer, top-k), part of time ms; "
+                 "selection FLOPs and bytes / query: the scores it computes to choose, all "
+                 "heads, and the bytes of what they read (block statistics, compressed or "
+                 "indexer keys, keys; – for a fixed pattern); "
                  "x sdpa: time over sdpa's at the same setting. topk is the oracle (exact "
                  "scores, an O(N^2) selection): a ceiling for any selector at its budget, "
                  "left out of the answers.")]

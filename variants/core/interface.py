@@ -261,6 +261,18 @@ class Variant(Decoder, torch.nn.Module):
         default: the pattern of `key_mask`, fixed beforehand (nothing is computed a call)."""
         return self.key_mask(q.shape[-2])
 
+    def selection_cost(self, B: int, H: int, Hk: int, N: int, D: int, causal: bool = False,
+                       itemsize: int = 4) -> tuple[float, float] | None:
+        """(FLOPs, bytes) the selection costs a query, all heads, the mean over N queries:
+        the scores it computes to choose (2 a multiply-add; the top-k's comparisons not
+        counted) and the bytes of what those scores read (block means or bounds,
+        compressed keys, indexer keys, the keys), `itemsize` bytes a number, as `selection`
+        computes them (a chunk of queries scores what its last query sees; B sets the
+        chunks). None where nothing is computed to choose: dense, kernel and recurrent
+        variants, and a fixed pattern (this default). The Sparse Frontier's `select_flops`
+        and `select_bytes` (Nawrot et al. 2025's selection cost, arXiv:2504.17768)."""
+        return None
+
     def selected_keys(self, selection, rows: torch.Tensor, N: int,
                       causal: bool) -> torch.Tensor:
         """bool (B or 1, H or 1, len(rows), N): the keys query positions `rows` (long)

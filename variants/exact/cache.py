@@ -148,13 +148,15 @@ class ExactCache(DecodeState):
         if self.stored:
             return self._attend_stored(q, sinks)
         if not self.transposed:
-            if sinks is None:
-                return F.scaled_dot_product_attention(q, self.keys(), self.values(),
-                                                      enable_gqa=q.shape[1] != self.k.shape[1])
-            # The g query heads of a cached head as g rows of one head: no repeat; the
-            # fused CPU kernel returns the rows' log-sum-exp for the sink.
             B, Hq, _, D = q.shape
             H = self.k.shape[1]
+            if sinks is None:
+                # The g query heads of a cached head as g rows of one head (every row
+                # reads every cached token): the cache is never repeated.
+                o = F.scaled_dot_product_attention(q.reshape(B, H, Hq // H, D), self.keys(),
+                                                   self.values())
+                return o.reshape(B, Hq, 1, -1)
+            # The same rows; the fused CPU kernel returns their log-sum-exp for the sink.
             o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q.reshape(B, H, Hq // H, D), self.keys(), self.values(), 0.0, False,
                 scale=softmax_scale(D))

@@ -99,6 +99,20 @@ class Dsa(Variant):
         selection cost)."""
         return self.select(q, k, **inputs)
 
+    def selection_cost(self, B, H, Hk, N, D, causal=True, itemsize=4):
+        """The indexer's scores against the keys up to its chunk's last query, as `flops`
+        counts them: the lightning indexer 2 index_heads (index_dim + 1) a key (its
+        products and the weighted sum) reading one index_dim key a token; the `heads`
+        proxy 2 H D a key, reading every kv head's key."""
+        if N == 0:
+            return 0.0, 0.0
+        heads = self.params.index_heads if self.lightning else H
+        keys = sum((e - s) * e for s, e in ix.chunks(B, heads, N)) / N
+        if self.lightning:
+            di = self.params.index_dim
+            return 2 * heads * (di + 1) * keys, di * itemsize * keys
+        return 2 * H * D * keys, Hk * D * itemsize * keys
+
     def selected_keys(self, selection, rows, N, causal):
         """(B, 1, R, N): one selection shared by every head."""
         sel = selection[:, rows.to(selection.device)].long()

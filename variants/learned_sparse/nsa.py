@@ -144,6 +144,46 @@ class Nsa(Variant):
             return bk.compressed_attention(q, kc, kc[..., :1], p.block, p.stride,
                                            p.select_block, p.top_n)[1]
 
+    # -- the Sparse Frontier (harness.measure.worker, `selection`) ---------------------
+    # top_n sets the budget; the frontier preset scales block, stride, select_block and
+    # window with N (the issue's window + top_n l' + N / d = the budget).
+    budget_param = "top_n"
+
+    def selection(self, q, k, causal=True, **inputs):
+        """`select`: the compressed scores and the block choice, as forward computes them
+        (NSA's selection cost; the compressed branch's values are not read)."""
+        return self.select(q, k)
+
+    def selection_cost(self, B, H, Hk, N, D, causal=True, itemsize=4):
+        """The compressed scores of each query chunk against the blocks its last query
+        sees, 2 D a compressed key and query head (as `flops` counts them; the forward's
+        compressed branch shares them), and 2 more for `select`'s pass over a one-wide
+        value (the probabilities' product, discarded); one compressed key read a block and
+        kv head. The importances' sums are not matmuls and are not counted."""
+        if N == 0:
+            return 0.0, 0.0
+        p = self.params
+        ns = bk.select_count(N, p.select_block)
+        nc = bk.compressed_count(N, p.block, p.stride)
+        keys = sum((e - s) * bk.compressed_count(e, p.block, p.stride)
+                   for s, e in bk.chunks(B, H, N, nc, ns)) / N
+        return 2 * H * (D + 1) * keys, Hk * D * itemsize * keys
+
+    def selected_keys(self, selection, rows, N, causal):
+        """(B, Hk, R, N): the keys NSA's two exact-softmax branches read for query rows
+        `rows`, its chosen blocks' tokens up to the query and its window. The compressed
+        branch reads pooled keys, none of them a key: its share is outside the mass."""
+        p = self.params
+        rows = rows.to(selection.device)
+        sel = selection[:, :, rows].long()  # (B, Hk, R, nb), -1 for none
+        ns = bk.select_count(N, p.select_block)
+        chosen = torch.zeros(*sel.shape[:3], ns + 1, dtype=torch.bool, device=sel.device)
+        chosen.scatter_(-1, sel.masked_fill(sel < 0, ns), True)
+        j = torch.arange(N, device=sel.device)
+        m = chosen[..., j // p.select_block]  # (B, Hk, R, N): a chosen block's tokens
+        m |= (j[None, :] > rows[:, None] - p.window)
+        return m & (j[None, :] <= rows[:, None])
+
     def attention_weights(self, q, k, causal, gate_cmp, gate_slc, gate_win):
         p = self.params
         w = nsa_weights(q, k, gate_cmp, gate_slc, gate_win, p.block, p.stride,

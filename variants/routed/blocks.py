@@ -69,6 +69,14 @@ class BlockRouted(BlockDecoding, Variant):
         """`select`: the block indices forward computes (the selection's cost)."""
         return self.select(q, k, causal)
 
+    def selection_cost(self, B, H, Hk, N, D, causal=False, itemsize=4):
+        """Every query scores every block (later ones masked after): gate_flops D a block
+        and head (moba's q . mean, Quest's two products); the block statistics read, one
+        (moba's mean) or two (Quest's min and max) D-vectors a block and kv head."""
+        nb = block_count(N, self.block)
+        stats = 1 if self.block_stat == "sum" else 2
+        return float(self.gate_flops * H * D * nb), float(stats * Hk * D * itemsize * nb)
+
     def selected_keys(self, selection, rows, N, causal):
         return selected_rows(selection[:, :, rows.to(selection.device)], rows, self.block, N,
                              causal)

@@ -126,6 +126,14 @@ class TopK(Variant):
         cost, which its forward pays inside its own chunks)."""
         return self.select(q, k, causal)
 
+    def selection_cost(self, B, H, Hk, N, D, causal=False, itemsize=4):
+        """Every query's scores against the keys its chunk reads (all, causal: up to the
+        chunk's last query): 2 D a key and head; those keys read, D a key and kv head."""
+        if N == 0:
+            return 0.0, 0.0
+        keys = sum((e - s) * (e if causal else N) for s, e in _chunks(B, H, N)) / N
+        return 2 * H * D * keys, Hk * D * itemsize * keys
+
     def selected_keys(self, selection, rows, N, causal):
         sel = selection[:, :, rows.to(selection.device)]
         m = torch.zeros(*sel.shape[:3], N + 1, dtype=torch.bool, device=sel.device)
