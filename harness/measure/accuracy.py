@@ -105,6 +105,8 @@ def mass_captured(module, selection, q: torch.Tensor, k: torch.Tensor, causal: b
         p = torch.softmax(sc, dim=-1)
         with torch.no_grad():
             m = module.selected_keys(selection, r, N, causal).to(p.device)
+        if m.shape[1] not in (1, H):  # one selection a key-value head (nsa): its query heads'
+            m = m.repeat_interleave(H // m.shape[1], dim=1)
         got = (p * m).sum(dim=-1)  # (B, H, c): broadcast over a shared batch or head
         total += float(got.sum())
         count += got.numel()
