@@ -204,6 +204,28 @@ def test_the_section_names_winners_and_whether_one_beats_moba(tmp_path, monkeypa
            "at 0.05 N (3 ms, 0.7000)" in sec
 
 
+def test_leads_inside_the_tie_margin_name_a_tie_and_beat_nothing():
+    """local inputs give every selector row_cos 1.0000: the answer is a tie, not whichever
+    is first by the sixth digit, and a lead that small does not beat moba. Planted: the
+    margin dropped (idxmax alone; a strict > against moba) fails both checks."""
+    import pandas as pd
+
+    def row(sel, b, cos, ms):
+        return {"selector": sel, "budget": b, "row_cos": cos, "mass": 1.0, "time_ms": ms,
+                "ceiling": False}
+    t = pd.DataFrame([row("dsa", 0.05, 1.0, 500.0), row("moba", 0.05, 0.99999, 27.0),
+                      row("quest", 0.05, 0.9996, 30.0), row("block_sparse", 0.05, 0.95, 8.0),
+                      row("block_sparse", 0.25, 1.0, 35.0), row("moba", 0.1, 0.99998, 40.0),
+                      row("dsa", 0.25, 0.99, 900.0), row("moba", 0.25, 0.95, 80.0)])
+    w = SF.winners(t).set_index("budget")["best row_cos"]
+    assert w[0.05] == "tie: dsa, moba, quest"
+    assert w[0.25] == "block_sparse"  # a lead of 0.01 over dsa is a win
+    beats = [(r["selector"], r["budget"], m["budget"]) for r, m in SF.beats_baseline(t)]
+    # block_sparse at 0.25 N is as fast as moba at 0.1 N but only 2e-5 better: no beat;
+    # against moba at 0.25 N (80 ms, 0.95) its 1.0 is a beat, as is quest's 0.9996
+    assert sorted(beats) == [("block_sparse", 0.25, 0.25), ("quest", 0.05, 0.25)]
+
+
 def _section(folder) -> str:
     """The section's Markdown (the section alone: the whole report takes seconds)."""
     blocks = SF.blocks(report_run.read(folder))

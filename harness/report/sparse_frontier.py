@@ -33,6 +33,9 @@ from harness.report.run import Run
 
 TITLE = "Sparse Frontier"
 BASELINE = "moba"  # the routed selector the question is asked against
+# row_cos leads at most this small are ties: inputs whose selection holds every weighted
+# key (local) give 1.0000 to every selector, and a lead in the sixth digit is no answer.
+TIE = 1e-3
 
 
 def frontier_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -92,12 +95,16 @@ def frontier_table(rows: pd.DataFrame, sdpa: pd.DataFrame, budgets: list[float])
 
 def winners(t: pd.DataFrame) -> pd.DataFrame:
     """Per budget: the selector with the highest row_cos (the oracle excluded), its mass,
-    and the one with the highest mass where that is another."""
+    and the one with the highest mass where that is another. Selectors within TIE of the
+    best row_cos tie: "best row_cos" names them all ("tie: a, b"), best first."""
     rows = []
     for b, g in t[~t["ceiling"]].groupby("budget", sort=True):
         best = g.loc[g["row_cos"].idxmax()]
         most = g.loc[g["mass"].idxmax()]
-        rows.append({"budget": b, "best row_cos": best["selector"],
+        tied = g[g["row_cos"] >= best["row_cos"] - TIE].sort_values(
+            "row_cos", ascending=False, kind="stable")["selector"].tolist()
+        name = best["selector"] if len(tied) == 1 else "tie: " + ", ".join(tied)
+        rows.append({"budget": b, "best row_cos": name,
                      "row_cos": best["row_cos"], "its mass": best["mass"],
                      "most mass": most["selector"]})
     return pd.DataFrame(rows)
@@ -105,11 +112,12 @@ def winners(t: pd.DataFrame) -> pd.DataFrame:
 
 def beats_baseline(t: pd.DataFrame) -> list[tuple]:
     """(selector row, moba row) pairs where the selector takes at most the moba row's time
-    and has a higher row_cos: it beats moba at equal time. The oracle excluded."""
+    and a row_cos higher by more than TIE: it beats moba at equal time. The oracle
+    excluded."""
     mob = t[t["selector"] == BASELINE]
     out = []
     for _, r in t[(t["selector"] != BASELINE) & ~t["ceiling"]].iterrows():
-        slower = mob[(mob["time_ms"] >= r["time_ms"]) & (mob["row_cos"] < r["row_cos"])]
+        slower = mob[(mob["time_ms"] >= r["time_ms"]) & (mob["row_cos"] < r["row_cos"] - TIE)]
         if len(slower):
             m = slower.loc[slower["row_cos"].idxmax()]
             out.append((r, m))
@@ -223,7 +231,8 @@ def blocks(run: Run) -> list[tuple]:
             answers.append(f"{title}: " + "; ".join(
                 f"at {r['budget']:.3g} N {r['best row_cos']} (row_cos {r['row_cos']:.4f}, "
                 f"mass {r['its mass']:.4f}"
-                + (f"; most mass: {r['most mass']}" if r["most mass"] != r["best row_cos"]
+                + (f"; most mass: {r['most mass']}"
+                   if r["most mass"] not in r["best row_cos"].removeprefix("tie: ").split(", ")
                    else "") + ")" for _, r in w.iterrows()) + ".")
         beats = beats_baseline(t)
         if t["selector"].eq(BASELINE).any():
@@ -233,13 +242,15 @@ def blocks(run: Run) -> list[tuple]:
                     f"row_cos {r['row_cos']:.4f}) against moba at {m['budget']:.3g} N "
                     f"({T.fmt_num(m['time_ms'])} ms, {m['row_cos']:.4f})" for r, m in beats)
                 if beats else "no selector beats moba at equal time (none is at most as "
-                              "slow as a moba setting with a higher row_cos)") + ".")
+                              "slow as a moba setting with a row_cos higher by more than "
+                              f"{TIE:g})") + ".")
     path = _plot(tables, run.dir / "plots" / "sparse_frontier.png")
     out += [("img", path, "mass and error against budget and time, per selector"),
             ("h", 3, "Answer"),
             ("p", "Which selector wins at which budget (the highest row_cos; the oracle "
-                  "excluded), and whether any beats moba at equal time (at most a moba "
-                  "row's time with a higher row_cos, in the same setting). Times are one "
-                  "run's medians: read a small lead as a tie.")]
+                  f"excluded; selectors within {TIE:g} of it tie), and whether any beats "
+                  "moba at equal time (at most a moba row's time with a row_cos higher by "
+                  f"more than {TIE:g}, in the same setting). Times are one run's medians: "
+                  "read a small lead in time as a tie.")]
     out += [("p", a) for a in answers]
     return out
