@@ -222,7 +222,12 @@ def test_decode_served_names_its_baseline_and_runs_every_decoder():
     assert ("sliding_window", '{"sink": true, "window": 127}', 8, 1 << 20) in got
     assert {c.batch for c in cases} == {1} and {c.heads for c in cases} == {32}
     assert {c.dtype for c in cases} == {"float32"}
-    assert {c.head_dim for c in cases if c.variant != "mla"} == {128}
+    served = [c for c in cases if c.variant == "dsa" and '"lightning"' in c.params]
+    assert {c.head_dim for c in cases if c.variant != "mla" and c not in served} == {128}
+    # dsa as served: the lightning indexer over MLA's MQA-form cache (576-wide key, the
+    # 512-wide latent as value, one key-value head), to 1M
+    assert {(c.head_dim, c.kv_heads, c.value_dim, c.seq_len) for c in served} == \
+        {(576, 1, 512, n) for n in (4096, 65536, 262144, 1 << 20)}
     assert {c.variant for c in cases} == {"sdpa", "sliding_window", "dsa", "gated_deltanet",
                                           "mla"}
     # mla: the rotary query and key (64), one latent of 512 for all heads, to 1M
@@ -305,7 +310,7 @@ def test_the_dry_run_plans_decode_served_and_names_the_guards_skip(capsys, monke
     monkeypatch.setattr(memory, "mem_available_bytes", lambda: 24 * 2**30)  # the machine
     assert run_bench.main(["run", "--preset", "decode-served", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("31 cases; 0 skipped as declared unsupported")
+    assert out.startswith("35 cases; 0 skipped as declared unsupported")
     guard = next(line for line in out.splitlines() if "memory guard: 1 decode case" in line)
     assert "sdpa() N=1048576 decode" in guard and "kv_heads" not in guard
 

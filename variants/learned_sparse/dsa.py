@@ -173,6 +173,14 @@ class Dsa(Variant):
         index = N * self.params.index_dim if self.lightning else s.Hk * N * s.D
         return index + s.Hk * kk * (s.D + s.Dv)
 
+    def decode_flops_at(self, N, s):
+        """As the step computes at context N: the indexer against every key (lightning:
+        2 index_heads (index_dim + 1) a key, its products and the weighted sum; heads:
+        2 H D a key), then softmax attention over min(top_k, N) keys."""
+        per = (2 * self.params.index_heads * (self.params.index_dim + 1) if self.lightning
+               else 2 * s.H * s.D)
+        return per * N + self.softmax_step_flops(min(self.params.top_k, N), s)
+
     def decode_prefill(self, k, v, max_len, **inputs):
         B, Hk, _, D = k.shape
         ik = (k.new_empty(B, 1, max_len, self.params.index_dim) if self.lightning else None)
