@@ -297,6 +297,19 @@ def test_the_kit_fails_a_planted_grouping_bug(cls, words):
     assert r.status == "fail" and words in r.detail, r.line()
 
 
+def test_the_floor_passes_the_kit_and_a_zero_output_is_no_nan():
+    """`none` (the trained floor, left out of "all") outputs zeros: its grouping check
+    compares zero with zero (0, not 0 / 0 = nan, which no tolerance passes), and as a
+    floor it needs no paper. Planted: rel_err dividing by a zero norm fails here; a wrong
+    answer against a zero reference still measures as its absolute size."""
+    from harness.check import properties
+    for fn in (properties.spec, groupings.groupings):
+        r = kit.run_property(fn, "none")
+        assert r.status == "pass", r.line()
+    z = torch.zeros(2, 3)
+    assert kit.rel_err(z, z) == 0.0 and kit.rel_err(z + 0.5, z) == pytest.approx(1.5 ** 0.5)
+
+
 def test_a_band_wider_than_the_sequence_is_native_not_a_repeat():
     """sliding_window's default window (256) at the kit's N = 40: its padded spans are
     larger than one key head per query head, yet grow with the key-value heads only."""

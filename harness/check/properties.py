@@ -25,7 +25,8 @@ def spec(name: str) -> str:
     """The spec describes the variant; unknown and wrongly typed parameters are refused."""
     s = variants.spec(name)
     expect(s.family and s.summary, "needs a `family` and a docstring (its summary line)")
-    expect(s.paper.startswith("http"), f"`paper` must be a link, got {s.paper!r}")
+    expect(s.paper.startswith("http") or s.contract.floor,
+           f"`paper` must be a link, got {s.paper!r}")  # a floor (`none`) has no paper
     m = variants.build(name, **s.defaults)
     expect(isinstance(m, torch.nn.Module), "build does not return a torch.nn.Module")
     expect(dataclasses.asdict(m.params) == s.defaults, "built params differ from the defaults")
