@@ -121,7 +121,12 @@ def test_list_spec_prints_the_declared_contract(capsys):
     table's formatter was never imported)."""
     rc, out, _ = _main(["list", "--spec", "sdpa"], capsys)
     assert rc == 0 and out.startswith("sdpa (exact")
-    assert any(ln.split()[:2] == ["exactness", "exact"] for ln in out.splitlines())
+    rows = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines()[2:] if ln.split()}
+    assert rows["exactness"] == ["exact"] and rows["err_ref"] == ["softmax"]
+    assert rows["own_reference"] == ["-"]  # an exact variant has no own reference
+    rc, out, _ = _main(["list", "--spec", "gla"], capsys)
+    rows = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines()[2:] if ln.split()}
+    assert rows["own_reference"] == rows["err_ref"] == ["recurrence"]
     rc, _, err = _main(["list", "--spec", "no_such_variant"], capsys)
     assert rc == 2 and err.count("\n") == 1
 

@@ -188,7 +188,10 @@ class Contract:
                 value = "; ".join(i.describe() for i in value) or "-"
             elif f.name == "grouping":
                 value = value.describe()
+            elif f.name == "own_reference" and self.exactness != "own":
+                value = "-"  # read only by `own` variants: no default shown as if declared
             out[f.name] = str(value)
+        out["err_ref"] = self.err_ref  # what its error is measured against (derived)
         return out
 
 
