@@ -167,26 +167,6 @@ def test_no_tensor_grows_as_n_squared(indexer, monkeypatch):
     assert watch.largest <= N * N // 8, watch.largest
 
 
-@pytest.mark.parametrize("c", [1, 3])
-def test_scores_cut_in_key_chunks_equal_the_dense_sum(c, monkeypatch):
-    """Both indexers' scores, made a key chunk at a time (7 or 2 keys here, the last chunk
-    short), against the dense float64 formula. Planted: a chunk that drops its last key, or
-    a weighted sum taken over the wrong axis, fails."""
-    monkeypatch.setattr(ix, "_KEY_CHUNK_BYTES", 4 * 2 * 4 * 7)
-    g = torch.Generator().manual_seed(3)
-    B, Hi, di, n, Hq, Hk, D = 2, 4, 8, 23, 4, 2, 8
-    iq, ik = torch.randn(B, Hi, c, di, generator=g), torch.randn(B, 1, n, di, generator=g)
-    iw = torch.randn(B, Hi, c, generator=g)
-    dense = torch.einsum("bhc,bhcn->bcn", iw, torch.relu(iq @ ik.transpose(-1, -2)))
-    assert len(ix.key_chunks(B, Hi, c, n)) > 1
-    torch.testing.assert_close(ix.lightning_scores(iq.double(), ik.double(), iw.double()),
-                               dense.double(), rtol=1e-5, atol=1e-5)
-    q, k = torch.randn(B, Hq, c, D, generator=g).double(), torch.randn(B, Hk, n, D, generator=g).double()
-    kr = k.repeat_interleave(Hq // Hk, dim=1)
-    want = torch.relu(q @ kr.transpose(-1, -2) / D ** 0.5).sum(dim=1)
-    torch.testing.assert_close(ix.heads_scores(q, k), want, rtol=1e-12, atol=1e-12)
-
-
 def test_bad_input_is_one_line():
     with pytest.raises(ValueError, match="'top_k' must be >= 1") as e:
         variants.build("dsa", top_k=0)

@@ -164,13 +164,10 @@ def test_a_softmax_decoders_flops_are_those_its_step_computes(name, params, N):
 
 
 @pytest.mark.parametrize("indexer, N", [("lightning", 40), ("lightning", 9), ("heads", 40)])
-def test_dsas_flops_are_its_indexer_and_its_top_k_keys(indexer, N, monkeypatch):
+def test_dsas_flops_are_its_indexer_and_its_top_k_keys(indexer, N):
     """The indexer scores every key of the cache (N + 1 after the step's own), then softmax
-    over min(top_k, N + 1) of them; the indexer's scores cut in key chunks (a small chunk
-    here) count the same. A count that leaves out the indexer, or counts top_k keys where
-    fewer exist, misses."""
-    from variants.learned_sparse import indexer as ix
-    monkeypatch.setattr(ix, "_KEY_CHUNK_BYTES", 4 * 2 * 4 * 7)  # 7 keys a chunk
+    over min(top_k, N + 1) of them. A count that leaves out the indexer, or counts top_k
+    keys where fewer exist, misses."""
     params = {"top_k": 12, "indexer": indexer, "index_heads": 4, "index_dim": 8}
     products, _, m, s = counted_step("dsa", N, H=8, kv_heads=2, params=params)
     assert m.decode_flops_at(N + 1, s) * s.B == products

@@ -12,9 +12,8 @@ indexer toward, training-free. One selection a (batch, query), shared by every h
 
 Ties go to the later position: the kk-th largest score is the threshold, every score
 above it is taken and, of those equal to it, the last ones (a reversed running count).
-Scores exist one query chunk at a time, (B, c, n) summed over the indexer's heads Hx from
-per-head scores (B, c, Hx, m) made one key chunk of m keys at a time, so memory is one
-chunk plus the (B, N, kk) selection. No autograd: the selection is not
+Scores exist one query chunk at a time, (B, c, Hx, n) with Hx the indexer's heads, so
+memory is one chunk plus the (B, N, kk) selection. No autograd: the selection is not
 differentiated (in the paper the indexer learns from its own KL loss).
 """
 
@@ -28,9 +27,6 @@ from ..core import InputSpec, compute_dtype, softmax_scale
 
 # Bytes of one query chunk's per-head indexer scores (B, c, Hx, n).
 _CHUNK_BYTES = 16 * 2**20
-# Bytes of one key chunk's per-head scores (B, c, Hx, m), written, rectified and summed in
-# place: small enough to stay in a core's cache between those passes.
-_KEY_CHUNK_BYTES = 2 * 2**20
 
 
 def chunks(B: int, heads: int, N: int) -> list[tuple[int, int]]:
@@ -40,41 +36,22 @@ def chunks(B: int, heads: int, N: int) -> list[tuple[int, int]]:
     return [(s, min(N, s + c)) for s in range(0, N, c)]
 
 
-def key_chunks(B: int, heads: int, c: int, n: int) -> list[tuple[int, int]]:
-    """Key ranges (s, e) whose per-head scores for c queries fit _KEY_CHUNK_BYTES (float32
-    counted). A forward query chunk already fits in one; a decoding step (c = 1 against the
-    whole cache: 64 heads x 1M keys would be 256 MiB of per-head scores written, rectified
-    and read back) is cut so that each piece stays in cache between its three passes."""
-    m = max(1, _KEY_CHUNK_BYTES // (4 * B * max(heads, 1) * max(c, 1)))
-    return [(s, min(n, s + m)) for s in range(0, n, m)] or [(0, 0)]
-
-
 def lightning_scores(iq: torch.Tensor, ik: torch.Tensor, iw: torch.Tensor) -> torch.Tensor:
     """I for queries iq (B, Hi, c, di) with weights iw (B, Hi, c) against keys ik (B, 1, n,
-    di): (B, c, n), two matmuls a key chunk (the weighted sum over heads is one)."""
+    di): (B, c, n), two matmuls (the weighted sum over heads is one)."""
     B, Hi, c, di = iq.shape
-    n = ik.shape[-2]
     qr = iq.transpose(1, 2).reshape(B, c * Hi, di)
-    w = iw.transpose(1, 2).unsqueeze(2)  # (B, c, 1, Hi)
-    out = iq.new_empty(B, c, n)
-    for s, e in key_chunks(B, Hi, c, n):
-        a = torch.relu_(qr @ ik[:, 0, s:e].transpose(-1, -2)).view(B, c, Hi, e - s)
-        out[:, :, s:e] = (w @ a).squeeze(2)
-    return out
+    a = torch.relu_(qr @ ik[:, 0].transpose(-1, -2)).view(B, c, Hi, -1)  # (B, c, Hi, n)
+    return (iw.transpose(1, 2).unsqueeze(2) @ a).squeeze(2)  # (B, c, n)
 
 
 def heads_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """sum_h ReLU(q_h . k_g(h) / sqrt(D)) for queries q (B, Hq, c, D) against keys k (B,
-    Hk, n, D), query head h reading key-value head h // (Hq / Hk): (B, c, n), a key chunk
-    at a time."""
+    Hk, n, D), query head h reading key-value head h // (Hq / Hk): (B, c, n)."""
     B, Hq, c, D = q.shape
-    Hk, n = k.shape[1], k.shape[-2]
-    qs = q.reshape(B, Hk, (Hq // Hk) * c, D) * softmax_scale(D)
-    out = q.new_empty(B, c, n)
-    for s, e in key_chunks(B, Hq, c, n):
-        a = torch.relu_(qs @ k[:, :, s:e].transpose(-1, -2))
-        out[:, :, s:e] = a.view(B, Hq, c, e - s).sum(dim=1)
-    return out
+    Hk = k.shape[1]
+    s = (q.reshape(B, Hk, (Hq // Hk) * c, D) * softmax_scale(D)) @ k.transpose(-1, -2)
+    return torch.relu_(s).view(B, Hq, c, -1).sum(dim=1)
 
 
 def top_later(s: torch.Tensor, kk: int) -> torch.Tensor:
