@@ -289,13 +289,16 @@ def test_train_cpu_is_the_frontier_on_two_causal_mqar_settings():
     assert len(lrs) == 4 and max(ratios) / min(ratios) < 1.05  # log-spaced
     assert {c.lrs for c in configs} == {configs[0].lrs}
     assert all(c.early_stop < 1 for c in configs)
-    # each frontier variant at three states or more in each setting
+    # each frontier variant at three states or more in each setting; at N = 128 the
+    # windows and head counts at two (its header: short windows read no answer, and the
+    # budget)
     for n in (64, 128):
         for name in ("sliding_window", "performer", "linear", "gla", "mamba2",
                      "gated_deltanet"):
             states = {runner.config_row(c, variants.build(c.variant, **c.param_dict))
                       ["state_bytes"] for c in configs if c.variant == name and c.seq_len == n}
-            assert len(states) >= 3, (name, n, states)
+            least = 2 if n == 128 and name != "performer" else 3
+            assert len(states) >= least, (name, n, states)
 
 
 def test_train_quick_keeps_the_recurrences_within_five_minutes():

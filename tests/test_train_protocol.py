@@ -231,7 +231,8 @@ def _measured_steps(folder: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("preset", ["train-cpu", "mad-cpu", "hybrid-cpu"])
+@pytest.mark.parametrize("preset", ["train-cpu", "mad-cpu", "hybrid-cpu", "state-cpu",
+                                    "lm-cpu"])
 def test_the_protocol_presets_plan_within_90_minutes_on_two_workers(preset):
     _, configs = tm.load(preset)
     steps = _measured_steps(preset)
@@ -252,12 +253,17 @@ def test_the_protocol_presets_plan_within_90_minutes_on_two_workers(preset):
     # not the ceiling: since issue 49 the race cuts nothing on the plateau or on a tie, and
     # its worst case, every rate and one beyond to the cap on every seed, is 2-6 times
     # the 90 minutes (docs/training.md).
+    # On two workers as the sweep schedules its cells (estimate.wall_seconds), not the sum
+    # over two: a long cell last runs while the other worker waits.
     costs = estimate.plan_seconds(configs, step, runner.skip_reasons, stops.share)
-    minutes = sum(t for _, t, _ in costs) / 60 / tm.sweep_workers(preset)
+    minutes = estimate.wall_seconds(costs, tm.sweep_workers(preset)) / 60
     assert tm.sweep_workers(preset) == 2 and minutes <= 90, minutes
-    assert {len(c.seeds) for c in configs} == {2} and len(configs[0].lrs) == 4
+    assert {len(c.seeds) for c in configs} == {2}
     for g in runner.cells(configs):
         assert len(g) == 2 and g[0].first_seed
+    if preset in ("state-cpu", "lm-cpu"):  # two rates, their own caps (tests/test_train_lm.py)
+        return
+    assert len(configs[0].lrs) == 4
     # the caps: several times the 400-500 steps the reference runs stopped at
     assert min(c.max_steps * c.batch for c in configs) >= 30_000
     assert all(2 * c.settle_window <= c.max_steps for c in configs)

@@ -14,6 +14,8 @@ what their FLOPs say (a FLOP model under-predicted their steps 1.2-2.5x). Each h
 evaluation costs a forward over the held-out set, a third of a step per batch; each
 configuration WORKER_S to start its process and data. Declared skips cost nothing.
 
+`wall_seconds` puts a plan on the sweep's workers as the sweep gives them its cells.
+
 `flop_step_seconds` is the FLOP model (analytic forward FLOPs x 3 at EFFICIENCY of a matmul
 rate, plus STEP_OVERHEAD_S): shards balance on it, where no probe is run.
 """
@@ -21,6 +23,7 @@ rate, plus STEP_OVERHEAD_S): shards balance on it, where no probe is run.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import queue
 import statistics
 from concurrent.futures import ThreadPoolExecutor
@@ -173,3 +176,17 @@ def plan_seconds(configs: list[TrainConfig], step_seconds: Callable, skip_reason
             else step_seconds(c, module)
         out.append((c, config_seconds(c, step, 1.0 if share is None else share(c)), why))
     return out
+
+
+def wall_seconds(costs: list[tuple[TrainConfig, float, list[str]]], workers: int) -> float:
+    """The wall time of a plan (`plan_seconds`'s list) on `workers` workers as the sweep
+    runs it (harness.train.runner.sweep): cells in the matrix's order, a cell's seeds one
+    after another on one worker, each cell on the first worker free. More than the sum over
+    the workers where the last cells are long: the others wait idle for them."""
+    cells: dict[str, float] = {}
+    for c, seconds, _ in costs:
+        cells[c.cell_id] = cells.get(c.cell_id, 0.0) + seconds
+    free = [0.0] * max(1, workers)
+    for seconds in cells.values():
+        heapq.heappush(free, heapq.heappop(free) + seconds)
+    return max(free)

@@ -2,23 +2,29 @@
 
 The plan (harness.train.estimate.planned_steps) counts the race's worst case, every rate
 (and one beyond the grid's edge) to max_steps on every seed; runs that reach early_stop or
-settle, and rates the race cuts, stop sooner, so the plan is the most a sweep can take. The
-counts below are those of the committed sweeps, run under the earlier protocol (later seeds
-one run, ties cut, plateaus settled): they undercount the present one. What it does take
-depends on the variant and the task: on MQAR at N = 64 sdpa stops at early_stop within a
-rung or two, a recurrence on its plateau runs to the cap. The estimate counts, per variant,
-the runs of committed reference sweeps (train_curves.jsonl, every rate's run) in three
-kinds, each scaled as it scales with the budget:
+settle, and rates the race cuts, stop sooner, so the plan is the most a sweep can take.
+What it does take depends on the variant and the task: on MQAR at N = 64 sdpa stops at
+early_stop within a rung or two, a recurrence on its plateau runs to the cap. The estimate
+counts, per cell and per variant, the runs of committed reference sweeps run under the
+present protocol (train_curves.jsonl, every rate's run) in three kinds, each scaled as it
+scales with the budget:
 
 - a run the race cut trained whole rungs: its steps in units of the race's first budget;
 - a run that reached early_stop or settled stopped where it learned: its steps as they are;
 - a run that reached the cap would have gone on: one run of the cap, whatever the cap.
 
-A configuration is expected to train the mean of its variant's rows (first seeds, which
-race, apart from later seeds, which run once) at its own first budget and cap, at most its
-plan; a variant the runs did not train, the plan (share 1):
+A configuration is expected to train the mean of its cell's rows where the runs trained
+its cell (`cell_key`: the variant, its parameters, heads, task setting and settling
+window), else of its variant's rows over every setting (first seeds, which race, apart from
+later seeds), at its own first budget and cap, at most its plan; a variant the runs did not
+train, the plan (share 1). The cell first: a variant's rows pooled over settings mix runs
+that stop within a few hundred steps (MQAR at N = 64) with runs to the cap on slower steps
+(N = 128, or a window too short to read the answers), and their mean undercounts the
+latter, where most of the time goes. The folders: every committed run of a protocol
+preset, so that each preset's cells are counted from its own run:
 
-    python -m harness.train.stops results/train-cpu results/hybrid-cpu > harness/train/stops.json
+    python -m harness.train.stops results/train-cpu results/hybrid-cpu results/mad-cpu \
+        results/state-cpu results/lm-cpu > harness/train/stops.json
 
 So a cap raised from 1,000 to 2,000 doubles the capped runs and leaves the early stops
 where they were. A layer pattern takes its own counts where the runs trained it, else its
@@ -50,15 +56,34 @@ def _kind(config: TrainConfig) -> str:
     return "first" if config.first_seed else "later"
 
 
+def cell_key(config: TrainConfig) -> str:
+    """What a cell's runs stop by, readable: the variant and its parameters, the task
+    setting, heads, the settling window and the block (not the cap, the race's first budget
+    or the rates: the counts scale with the first two)."""
+    return (f"{config.label()} H={config.heads} settle={config.settle_window}"
+            f"{' mlp' if config.mlp else ''}"
+            f"{'' if config.output_layer == 'paper' else ' output=' + config.output_layer}")
+
+
+def _counts() -> dict:
+    return {k: {"rows": 0, "rungs": 0.0, "stopped": 0, "capped": 0}
+            for k in ("first", "later")}
+
+
+def _rounded(counts: dict) -> dict:
+    return {k: {**n, "rungs": round(n["rungs"], 4)} for k, n in counts.items()}
+
+
 def measure(folders: list[str]) -> dict:
     """{"from": the folders, "runs": {variant: {"first" | "later": {"rows", "rungs",
-    "stopped", "capped"}}}, "share": {variant: steps trained / steps planned}} over the ok
-    rows of the folders' sweeps: per kind of row, how many rows, the steps of the runs the
-    race cut in first budgets, the steps of the runs that stopped early, the runs that
-    reached the cap. `share` is the reference plans' own, for reading: the estimate takes
-    `runs` (`share` below)."""
-    runs: dict = defaultdict(lambda: {k: {"rows": 0, "rungs": 0.0, "stopped": 0, "capped": 0}
-                                      for k in ("first", "later")})
+    "stopped", "capped"}}}, "cells": {cell_key: the same}, "share": {variant: steps trained
+    / steps planned}} over the ok rows of the folders' sweeps: per kind of row, how many
+    rows, the steps of the runs the race cut in first budgets, the steps of the runs that
+    stopped early, the runs that reached the cap; per variant over all its cells, and per
+    cell. `share` is the reference plans' own, for reading: the estimate takes `cells`,
+    else `runs` (`share` below)."""
+    runs: dict = defaultdict(_counts)
+    cells: dict = defaultdict(_counts)
     trained: dict[str, int] = defaultdict(int)
     planned: dict[str, int] = defaultdict(int)
     for folder in folders:
@@ -71,22 +96,23 @@ def measure(folders: list[str]) -> dict:
                 c = configs.get(row["config_id"])
                 if row["status"] != "ok" or c is None or row["config_id"] not in curves:
                     continue
-                kind = runs[c.variant][_kind(c)]
-                kind["rows"] += 1
-                for r in curves[row["config_id"]]["runs"]:
-                    steps = r.get("steps_run") or 0
-                    trained[c.variant] += steps
-                    if r.get("stopped") == "cap":
-                        kind["capped"] += 1
-                    elif r.get("stopped") is None:
-                        kind["rungs"] += steps / c.first_budget
-                    else:
-                        kind["stopped"] += steps
+                for kind in (runs[c.variant][_kind(c)], cells[cell_key(c)][_kind(c)]):
+                    kind["rows"] += 1
+                    for r in curves[row["config_id"]]["runs"]:
+                        steps = r.get("steps_run") or 0
+                        if r.get("stopped") == "cap":
+                            kind["capped"] += 1
+                        elif r.get("stopped") is None:
+                            kind["rungs"] += steps / c.first_budget
+                        else:
+                            kind["stopped"] += steps
+                trained[c.variant] += sum(r.get("steps_run") or 0
+                                          for r in curves[row["config_id"]]["runs"])
                 planned[c.variant] += estimate.planned_steps(c)
     return {"from": [str(f) for f in folders],
             "command": "python -m harness.train.stops " + " ".join(map(str, folders)),
-            "runs": {v: {k: {**n, "rungs": round(n["rungs"], 4)} for k, n in runs[v].items()}
-                     for v in sorted(runs)},
+            "runs": {v: _rounded(runs[v]) for v in sorted(runs)},
+            "cells": {k: _rounded(cells[k]) for k in sorted(cells)},
             "share": {v: round(trained[v] / planned[v], 4) for v in sorted(planned)}}
 
 
@@ -103,12 +129,18 @@ def expected_steps(config: TrainConfig, counts: dict) -> float | None:
 
 def share(config: TrainConfig, calibration: dict | None = None) -> float:
     """The share of its planned steps the configuration is expected to train: from its
-    variant's counts in the calibration, a pattern's first mixer's, else 1 (the plan)."""
+    cell's counts in the calibration, else its variant's, a pattern's first mixer's, else 1
+    (the plan)."""
     if calibration is None:
         if not _LOADED:
             _LOADED.update(json.loads(CALIBRATION.read_text()) if CALIBRATION.exists()
                            else {"runs": {}})
         calibration = _LOADED
+    cell = calibration.get("cells", {}).get(cell_key(config))
+    if cell is not None:
+        steps = expected_steps(config, cell)
+        if steps is not None:
+            return steps / estimate.planned_steps(config)
     runs = calibration.get("runs", {})
     names = [config.variant]
     if stack.is_pattern(config.variant):
