@@ -211,6 +211,20 @@ def test_train_meta_records_the_estimate_beside_the_wall_time(mixed):
     assert session["estimate_s"] > estimate.WORKER_S
 
 
+def test_the_dry_run_prints_the_wall_time_as_the_sweep_deals_cells(monkeypatch, capsys):
+    """Three cells of 60, 10 and 10 min on two workers: 80 min of work, 60 on the clock
+    (the long cell's worker), not 80 / 2 = 40. Planted: the work divided by the workers."""
+    from types import SimpleNamespace
+
+    from harness.cli import train as cli_train
+    cfgs = [SimpleNamespace(cell_id=c, config_id=c, device="cpu") for c in "abc"]
+    plan = [(c, m * 60.0, []) for c, m in zip(cfgs, (60, 10, 10))]
+    monkeypatch.setattr(cli_train, "estimate_seconds", lambda configs, workers=1: (plan, plan))
+    cli_train.plan(cfgs, workers=2)
+    out = capsys.readouterr().out
+    assert "estimate 80.0 min of work (about 60.0 min on 2 workers)" in out, out
+
+
 def test_train_meta_keeps_samples_of_other_work_while_training(mixed):
     """Other work on the cores is sampled at the start of a sweep (harness.measure.busy, the
     sweep's own processes taken away) and kept in train_meta.json (planted: the watch not

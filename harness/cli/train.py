@@ -119,16 +119,18 @@ def plan(configs: list[tm.TrainConfig], n_shards: int = 1, workers: int = 1) -> 
     cells = len({c.cell_id for c in configs})
     over = f" ({cells} cells over their seeds)" if cells < len(configs) else ""
 
-    def on(seconds: float) -> str:
+    def on(seconds: float, plan: list) -> str:
+        # the wall time as the sweep deals cells to workers (a long last cell leaves the
+        # others idle), not the work divided by the workers
+        wall = estimate.wall_seconds(plan, workers)
         return f"{seconds / 60:.1f} min of work" + \
-            (f" (about {seconds / 60 / workers:.1f} min on {workers} workers)"
-             if workers > 1 else "")
+            (f" (about {wall / 60:.1f} min on {workers} workers)" if workers > 1 else "")
 
     print(f"{len(configs)} configurations{over}; {skipped} skipped as "
-          f"declared unsupported; {len(configs) - skipped} to train; estimate {on(total)}, "
+          f"declared unsupported; {len(configs) - skipped} to train; estimate {on(total, expected)}, "
           f"at step costs probed here ({estimate.PROBE_STEPS} steps per model) and the "
           f"share of the planned steps the reference runs trained "
-          f"(harness/train/stops.json); at most {on(most)} if no run stops early and "
+          f"(harness/train/stops.json); at most {on(most, ceiling)} if no run stops early and "
           f"the race cuts nothing (every rate, and one beyond the grid's edge, to max_steps)"
           f"{'; CUDA at an assumed rate' if any(c.device == 'cuda' for c in configs) else ''}")
     for reason, n in reasons.most_common():
@@ -188,8 +190,8 @@ def run_train(source: str, overrides: dict, results_dir: Path, run_id: str | Non
     store.folder.mkdir(parents=True, exist_ok=True)
     expected, ceiling = estimate_seconds(todo, store.folder / "train_worker.log", workers)
     counts = runner.run(matrix, configs, store, resume=resume, workers=workers,
-                        estimate_s=sum(t for _, t, _ in expected) / workers,
-                        ceiling_s=sum(t for _, t, _ in ceiling) / workers)
+                        estimate_s=estimate.wall_seconds(expected, workers),
+                        ceiling_s=estimate.wall_seconds(ceiling, workers))
     print(runner.summary_line(len(configs), counts, earlier, store.folder))
     return store.folder
 
