@@ -5,9 +5,10 @@ the fastest-decoder table as in the served one."""
 import pandas as pd
 
 from harness.report import decoders
+from harness.report.build import write_report
 from harness.report import run as report_run
 from harness.report import tables as T
-from report_synth import DECODE_META, decode_row, write_run
+from report_synth import CONTEXTS, DECODE_META, READ_GBPS, decode_row, decode_rows, write_run
 
 
 def _dec(folder, rows):
@@ -43,3 +44,85 @@ def test_an_own_softmax_row_below_the_criterion_does_not(tmp_path):
     (r,) = decoders.fastest_table(dec, {}, None).to_dict("records")
     assert r["fastest decoder"] == "sdpa"
     assert r["approximate decoders"] == "none reaches row_cos ≥ 0.995"
+
+
+# -- the decode Answers list the recurrences beside the exact decoder ------------------
+
+def _train(**accuracy):
+    return pd.DataFrame({"variant": list(accuracy), "status": ["ok"] * len(accuracy),
+                         "accuracy": list(accuracy.values())})
+
+
+def _tables(blocks) -> dict[str, pd.DataFrame]:
+    """Each table of the blocks under the heading before it."""
+    out, head = {}, None
+    for b in blocks:
+        if b[0] == "h":
+            head = b[2]
+        elif b[0] == "table":
+            out[head] = b[1]
+    return out
+
+
+RECURRENCES = "Recurrences beside the exact decoder"
+
+
+def test_without_train_csv_each_recurrence_is_listed_marked_recall_not_measured(tmp_path):
+    dec = _dec(tmp_path, decode_rows())
+    t = _tables(decoders.blocks(dec, None, READ_GBPS))[RECURRENCES]
+    assert list(t["context"]) == [n for n in CONTEXTS for _ in range(2)]
+    assert list(t["recurrence"]) == ["gated_deltanet", "mamba2"] * len(CONTEXTS)
+    assert set(t["recall"]) == {"recall not measured in this run"}
+    assert set(t["exact path"]) == {"sdpa"}
+    m = t[(t["recurrence"] == "mamba2") & (t["context"] == 1048576)].iloc[0]
+    sdpa, mamba2 = decode_row("sdpa", 1048576), decode_row("mamba2", 1048576)
+    assert m["ms / token"] == T.fmt_num(mamba2["time_ms"])
+    assert m["state MiB"] == T.fmt_num(mamba2["decode_state_mib"])
+    assert m["its ms / token"] == T.fmt_num(sdpa["time_ms"])
+    assert m["× faster than exact"] == f"{sdpa['time_ms'] / mamba2['time_ms']:.1f}"
+    assert m["× smaller state"] == T.fmt_num(sdpa["decode_state_mib"]
+                                             / mamba2["decode_state_mib"])
+
+
+def test_without_train_csv_a_faster_recurrence_is_never_the_fastest_accurate_decoder(
+        tmp_path):
+    """mamba2 decodes faster than sdpa at every context here (0.093 ms a token), and its
+    row_cos against its own form is 1.0: without a measured recall it is listed, not
+    named."""
+    dec = _dec(tmp_path, decode_rows(names=("sdpa", "mamba2")))
+    t = _tables(decoders.blocks(dec, None, READ_GBPS))
+    fastest = t["Fastest decoder at each context"]
+    assert set(fastest["fastest decoder"]) == {"sdpa"}
+    assert set(fastest["approximate decoders"]) == {"none reaches row_cos ≥ 0.995"}
+    assert set(t[RECURRENCES]["recurrence"]) == {"mamba2"}
+
+
+def test_with_train_csv_each_recurrence_has_its_trained_recall(tmp_path):
+    dec = _dec(tmp_path, decode_rows())
+    blocks = decoders.blocks(dec, _train(mamba2=0.95, gated_deltanet=0.5, sdpa=1.0),
+                             READ_GBPS)
+    t = _tables(blocks)[RECURRENCES].drop_duplicates("recurrence").set_index("recurrence")
+    assert t.loc["mamba2", "recall"] == "trained recall 0.950"
+    assert t.loc["gated_deltanet", "recall"] == "trained recall 0.500 (below 0.9)"
+    # the recurrence that recalls is named; the one below 0.9 is not
+    fastest = _tables(blocks)["Fastest decoder at each context"]
+    assert set(fastest["fastest decoder"]) == {"mamba2"}
+    # a train.csv without the variant: its recall is not measured in this run
+    t = _tables(decoders.blocks(dec, _train(mamba2=0.95), READ_GBPS))[RECURRENCES]
+    assert set(t[t["recurrence"] == "gated_deltanet"]["recall"]) == {
+        "recall not measured in this run"}
+
+
+def test_a_decode_report_without_recurrences_has_no_recurrence_table(tmp_path):
+    dec = _dec(tmp_path, decode_rows(names=("sdpa", "linear")))
+    assert RECURRENCES not in _tables(decoders.blocks(dec, None, READ_GBPS))
+
+
+def test_the_rendered_answers_of_a_decode_folder_without_train_csv_say_so(tmp_path):
+    md = write_report(write_run(tmp_path / "d", decode_rows(), DECODE_META)).read_text()
+    answers = md[md.index("\n## Answers\n"):md.index("\n## Generation\n")]
+    recs = answers[answers.index(f"### {RECURRENCES}"):]
+    assert "this folder has no train.csv" in recs
+    lines = [ln for ln in recs.splitlines() if ln.startswith("| decode")]
+    assert len(lines) == 2 * len(CONTEXTS)
+    assert all("| recall not measured in this run |" in ln for ln in lines)

@@ -1,11 +1,13 @@
-"""The Answers' decode lines: the fastest accurate decoder at each context, and, where the
-folder also holds train.csv, the fastest among variants whose trained recall reached 0.9.
+"""The Answers' decode lines: the fastest accurate decoder at each context, the
+recurrences beside the exact decoder (decode_recurrences.py), and, where the folder holds
+train.csv, the fastest among variants whose trained recall reached 0.9.
 
 Accurate, for a decoder: an exact path (results.csv `exact`); an approximation whose
 generated tokens reach row_cos >= COS_LIMIT against float64 exact causal attention
 (err_ref softmax), or against the exact softmax of its own definition (own_softmax: mla;
 tables.softmax_like); a recurrence (err_ref recurrence: its row_cos is against its own
-float64 form, which says nothing of recall) only where train.csv shows it recalls. As in the
+float64 form, which says nothing of recall) only where train.csv shows it recalls: one
+without a measured recall is listed beside the exact decoder, never named. As in the
 forward Answers, a decoder that is not exact is named only where it beats the fastest exact
 path by more than the two times' spread (tables.time_noise). Beside each "× faster", how far
 that exact path is from its read bound in the same run (generation.bound_ms): a slow
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.report import generation
+from harness.report import decode_recurrences, generation
 from harness.report import tables as T
 from harness.report.folder import GROUPING
 
@@ -119,6 +121,8 @@ def blocks(dec: pd.DataFrame, train: pd.DataFrame | None = None,
                  "memory's limit; above it, every × faster is larger by as much)."
                  + ("" if read_gbps else " This run's meta.json has no read rate: –.")),
            ("table", table)]
+    out += decode_recurrences.blocks(
+        dec, None if train is None else recall_of(train, float("-inf")), RECALL)
     if train is not None:
         table = fastest_table(dec, recall, read_gbps, by_recall=True)
         out += [("h", 3, f"Fastest decoder whose trained recall reaches {RECALL}"),
