@@ -1,14 +1,20 @@
 """Issue 54's answers on the report side: one test of "accurate against a softmax"
 (tables.softmax_like) for every decode answer, so an own_softmax row (mla) qualifies in
-the fastest-decoder table as in the served one."""
+the fastest-decoder table as in the served one; the decode Answers list the recurrences
+beside the exact decoder, marked where the folder did not measure their recall; the
+trained Answers' best at equal state, a tie named where the seeds' ranges overlap."""
+
+import json
 
 import pandas as pd
 
-from harness.report import decoders
+from harness.report import decoders, equal_state
 from harness.report.build import write_report
 from harness.report import run as report_run
 from harness.report import tables as T
-from report_synth import CONTEXTS, DECODE_META, READ_GBPS, decode_row, decode_rows, write_run
+from harness.report.trained import read_train
+from report_synth import (CONTEXTS, DECODE_META, READ_GBPS, decode_row, decode_rows,
+                          write_run, write_train)
 
 
 def _dec(folder, rows):
@@ -126,3 +132,65 @@ def test_the_rendered_answers_of_a_decode_folder_without_train_csv_say_so(tmp_pa
     lines = [ln for ln in recs.splitlines() if ln.startswith("| decode")]
     assert len(lines) == 2 * len(CONTEXTS)
     assert all("| recall not measured in this run |" in ln for ln in lines)
+
+
+# -- the trained Answers: best at equal state ------------------------------------------
+
+P8 = json.dumps({"num_kv_pairs": 8, "power_a": 0.01, "random_non_queries": False},
+                sort_keys=True)
+
+
+def _seed_row(variant, state_bytes, acc, seed, *, params=None, settled=True):
+    params = json.dumps(params or {}, sort_keys=True)
+    return {"config_id": f"{variant}-{params}-{seed}", "task": "mqar", "task_params": P8,
+            "variant": variant, "family": "recurrent", "params": params, "seq_len": 64,
+            "num_kv_pairs": 8, "vocab_size": 64, "causal": True, "d_model": 64, "layers": 1,
+            "heads": 2, "mlp": False, "batch": 32, "max_steps": 1000, "device": "cpu",
+            "status": "ok", "reason": "", "accuracy": acc, "best_lr": 1e-3,
+            "lrs": "[0.001]", "lr_accuracy": "{}", "lr_at_edge": False, "rising": False,
+            "steps": 100, "time_to_best_s": 1.0, "steps_to_0_9": None, "step_ms": 5.0,
+            "train_s": 2.0, "final_loss": 0.1, "n_params": 1000,
+            "state_size": state_bytes // 4, "state_bytes": state_bytes, "chance": 1 / 32,
+            "reach": None, "seed": seed, "settled": settled, "steps_run": 800, "threads": 1}
+
+
+def _seeds(variant, state_bytes, accs, **kw):
+    return [_seed_row(variant, state_bytes, a, i, **kw) for i, a in enumerate(accs)]
+
+
+def _trained(tmp_path, rows):
+    return read_train(write_train(tmp_path / "t", rows) / "train.csv")
+
+
+def test_equal_state_names_a_tie_where_the_seeds_ranges_overlap(tmp_path):
+    """gla's median leads mamba2's, but its lowest seed (0.90) is below mamba2's highest
+    (0.91): the lead is inside the seeds' spread."""
+    tr = _trained(tmp_path, _seeds("gla", 8192, [0.90, 0.92, 0.94])
+                  + _seeds("mamba2", 8192, [0.85, 0.88, 0.91])
+                  + _seeds("linear", 8192, [0.40, 0.45, 0.50]))
+    (r,) = equal_state.table(tr).to_dict("records")
+    assert r["best at this state"] == "tie: gla, mamba2"
+    assert r["accuracy (median [min–max])"] == "0.920 [0.900–0.940]; 0.880 [0.850–0.910]"
+    assert r["next best"] == "linear 0.450 [0.400–0.500]"
+    assert (r["state bytes"], r["variants settled"]) == ("8,192", "3 of 3")
+
+
+def test_equal_state_names_the_winner_where_they_do_not(tmp_path):
+    tr = _trained(tmp_path, _seeds("gla", 8192, [0.90, 0.92, 0.94])
+                  + _seeds("mamba2", 8192, [0.80, 0.83, 0.86])
+                  + _seeds("sdpa", 32768, [1.0, 1.0, 1.0]))  # alone at its state: no row
+    (r,) = equal_state.table(tr).to_dict("records")
+    assert r["best at this state"] == "gla"
+    assert r["accuracy (median [min–max])"] == "0.920 [0.900–0.940]"
+    assert r["next best"] == "mamba2 0.830 [0.800–0.860]"
+
+
+def test_equal_state_ranks_no_unsettled_cell_and_is_in_the_answers(tmp_path):
+    rows = (_seeds("gla", 8192, [0.90, 0.92]) + _seeds("mamba2", 8192, [0.99, 0.99],
+                                                         settled=False))
+    (r,) = equal_state.table(_trained(tmp_path, rows)).to_dict("records")
+    assert r["best at this state"] == "only gla settled: none ranked"
+    assert r["variants settled"] == "1 of 2"
+    md = write_report(tmp_path / "t").read_text()
+    answers = md[md.index("\n## Answers\n"):md.index("\n## Quality when trained\n")]
+    assert "Best at equal state:" in answers and "| only gla settled: none ranked" in answers
