@@ -15,10 +15,12 @@ report.md, report.html and plots/; compares two runs. It never measures.
   the sections, in report order, each a module whose entry gives its blocks for a run:
     summary.py         the title and what the run holds
     maps.py            the attention-map grid (maps.npz)
-    answers.py         "Answers"; its decode lines in decoders.py
+    answers.py         "Answers"; its decode lines in decoders.py (the recurrences
+                       beside the exact decoder in decode_recurrences.py)
     trained.py         "Quality when trained" and its Answers line (train.csv); a
                        configuration over its seeds in cells.py; its
                        frontier of accuracy against state and its tasks in frontier.py,
+                       the best at equal state in equal_state.py,
                        its curves of accuracy against steps in curves.py
     hybrid.py          recall of layer-pattern stacks against their share of attention
                        layers, and its Answers line (train.csv)

@@ -1,10 +1,13 @@
-"""The Answers' decode lines: the fastest accurate decoder at each context, and, where the
-folder also holds train.csv, the fastest among variants whose trained recall reached 0.9.
+"""The Answers' decode lines: the fastest accurate decoder at each context, the
+recurrences beside the exact decoder (decode_recurrences.py), and, where the folder holds
+train.csv, the fastest among variants whose trained recall reached 0.9.
 
 Accurate, for a decoder: an exact path (results.csv `exact`); an approximation whose
 generated tokens reach row_cos >= COS_LIMIT against float64 exact causal attention
-(err_ref softmax); a recurrence (err_ref recurrence: its row_cos is against its own float64
-form, which says nothing of recall) only where train.csv shows it recalls. As in the
+(err_ref softmax), or against the exact softmax of its own definition (own_softmax: mla;
+tables.softmax_like); a recurrence (err_ref recurrence: its row_cos is against its own
+float64 form, which says nothing of recall) only where train.csv shows it recalls: one
+without a measured recall is listed beside the exact decoder, never named. As in the
 forward Answers, a decoder that is not exact is named only where it beats the fastest exact
 path by more than the two times' spread (tables.time_noise). Beside each "× faster", how far
 that exact path is from its read bound in the same run (generation.bound_ms): a slow
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.report import generation
+from harness.report import decode_recurrences, generation
 from harness.report import tables as T
 from harness.report.folder import GROUPING
 
@@ -37,7 +40,7 @@ def recall_of(train: pd.DataFrame | None, reach: float = RECALL) -> dict[str, fl
 
 
 def _accuracy(row, recall: dict[str, float], by_recall: bool) -> str:
-    if by_recall or (row["err_ref"] != "softmax" and row["variant"] in recall):
+    if by_recall or (not T.softmax_like(row) and row["variant"] in recall):
         return f"trained recall {recall[row['variant']]:.3f}"
     cos = row.get("row_cos")
     own = " (own softmax)" if row["err_ref"] == "own_softmax" else ""
@@ -56,7 +59,7 @@ def fastest_table(dec: pd.DataFrame, recall: dict[str, float], read_gbps: float 
     if by_recall:
         named = ok["variant"].isin(recall)
     else:
-        softmax = ok["err_ref"] == "softmax"
+        softmax = T.softmax_like(ok)
         named = (softmax & (ok["row_cos"] >= T.COS_LIMIT)) | (~softmax & ok["variant"].isin(recall))
     rows = []
     for (setting, n), g in ok.groupby(["setting", "seq_len"], sort=True):
@@ -105,7 +108,10 @@ def blocks(dec: pd.DataFrame, train: pd.DataFrame | None = None,
     out = [("h", 3, "Fastest decoder at each context"),
            ("p", "Pass decode, median time per generated token, among the decoders that are "
                  f"exact, the approximations whose generated tokens reach row_cos ≥ "
-                 f"{T.COS_LIMIT} against float64 exact causal attention, and the recurrences "
+                 f"{T.COS_LIMIT} against float64 exact causal attention"
+                 + (" (an own_softmax row, as mla's: against the exact softmax of its own "
+                    "keys and values)" if (dec["err_ref"] == "own_softmax").any() else "")
+                 + ", and the recurrences "
                  f"whose trained recall in this folder reaches {RECALL} (a recurrence's "
                  "row_cos is against its own float64 form, not exact attention: the "
                  "Generation section). One that is not exact is named only where it beats "
@@ -115,6 +121,8 @@ def blocks(dec: pd.DataFrame, train: pd.DataFrame | None = None,
                  "memory's limit; above it, every × faster is larger by as much)."
                  + ("" if read_gbps else " This run's meta.json has no read rate: –.")),
            ("table", table)]
+    out += decode_recurrences.blocks(
+        dec, None if train is None else recall_of(train, float("-inf")), RECALL)
     if train is not None:
         table = fastest_table(dec, recall, read_gbps, by_recall=True)
         out += [("h", 3, f"Fastest decoder whose trained recall reaches {RECALL}"),
@@ -145,14 +153,14 @@ def _qualifies(rows: pd.DataFrame, recall: dict[str, float]) -> pd.Series:
     trained recall in the folder reaches RECALL (its row_cos is against itself). An
     `own_softmax` row (mla) is a softmax over keys and values of its own definition: its
     row_cos against that float64 softmax counts as a grouped cache's does."""
-    softmax = rows["err_ref"].isin(["softmax", "own_softmax"])
+    softmax = T.softmax_like(rows)
     cos = rows["row_cos"] if "row_cos" in rows else pd.Series(float("nan"), index=rows.index)
     return T.is_exact(rows) | (softmax & (cos >= T.COS_LIMIT)) | \
         (~softmax & rows["variant"].isin(recall))
 
 
 def _accuracy_cell(row, recall: dict[str, float]) -> str:
-    if row["err_ref"] not in ("softmax", "own_softmax"):
+    if not T.softmax_like(row):
         return (f"trained recall {recall[row['variant']]:.3f}" if row["variant"] in recall
                 else "own reference (recurrence)")
     cos = row.get("row_cos")

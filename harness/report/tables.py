@@ -69,6 +69,23 @@ def against_softmax(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["err_ref"] == "softmax"] if "err_ref" in df.columns else df
 
 
+SOFTMAX_REFS = ("softmax", "own_softmax")
+
+
+def softmax_like(rows):
+    """Whether a row's error is against a softmax, so that row_cos >= COS_LIMIT makes it
+    accurate: exact attention over its q, k, v (err_ref softmax) or the exact softmax of
+    its own definition (own_softmax: mla's latent keys and values, as a grouped cache's).
+    Not a recurrence's (against its own float64 form: that says nothing of recall). A
+    DataFrame gives a boolean Series, one row (a Series) a bool; no err_ref reads as
+    softmax, as folder.py reads a run written before the column."""
+    if isinstance(rows, pd.DataFrame):
+        if "err_ref" not in rows.columns:
+            return pd.Series(True, index=rows.index)
+        return rows["err_ref"].isin(SOFTMAX_REFS)
+    return rows.get("err_ref", "softmax") in SOFTMAX_REFS
+
+
 def against_own(df: pd.DataFrame) -> pd.DataFrame:
     """The rows whose error is against the variant's own float64 form (a recurrence); not
     those with no reference (err_ref empty: a layer pattern's decode row)."""

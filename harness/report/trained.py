@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.errors import UsageError
 from harness.files import TRAIN_COLUMNS, TRAIN_CSV, TRAIN_LATER_COLUMNS, TRAIN_META
-from harness.report import curves, frontier, trained_plots
+from harness.report import curves, equal_state, frontier, trained_plots
 from harness.report.folder import STATUSES, short_labels
 
 TITLE = "Quality when trained"
@@ -244,6 +244,7 @@ def answer_blocks(tr: pd.DataFrame, timed: pd.DataFrame) -> list[tuple]:
                          "equal states the more accurate), over every settled variant and "
                          "size trained there:"),
                    ("table", small)]
+    blocks += equal_state.blocks(tr)
     ok = frontier.cells(tr)
     return blocks + frontier.unsettled_note(tr) + (frontier.footnote(ok) if len(ok) else [])
 
