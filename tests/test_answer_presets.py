@@ -8,6 +8,7 @@ planned at 32K, run or declared skipped, for the Answers to reach 32K.
 """
 
 import json
+import re
 
 import pytest
 
@@ -110,3 +111,18 @@ def test_decode_answers_plans_within_45_minutes():
             if decode_bytes(c, layers.build(c)) < 24 * 2**30]
     assert len(fits) == len(planned) - 1
     assert sum(fits) / 60 <= 45
+
+
+def test_the_readme_and_docs_name_the_presets_that_exist():
+    """The README's Presets sentence names `answers` and `decode-answers`, and every preset
+    it names in backticks is a file of harness/presets/; docs/running.md shows the command."""
+    root = mx.PRESET_DIR.parents[1]
+    readme = (root / "README.md").read_text()
+    start = readme.index("Presets (`harness/presets/*.toml`)")
+    sentence = readme[start:readme.index("\n\n", start)]
+    named = set(re.findall(r"`([a-z0-9-]+)`", sentence)) - {"train"}
+    assert {"answers", "decode-answers"} <= named
+    assert named <= {p.stem for p in mx.PRESET_DIR.glob("*.toml")}, named
+    running = (root / "docs" / "running.md").read_text()
+    for name in ("answers", "decode-answers"):
+        assert f"attnbench run --preset {name} " in running, name
