@@ -76,7 +76,8 @@ PRESETS = sorted(p.stem for p in mx.PRESET_DIR.glob("*.toml")
 
 
 def test_every_preset_is_tested():
-    assert {"quick", "cpu", "gpu", "gpu-smoke", "scaling", "drift"} <= set(PRESETS)
+    assert {"quick", "cpu", "gpu", "gpu-smoke", "scaling", "drift", "answers",
+            "decode-answers"} <= set(PRESETS)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
