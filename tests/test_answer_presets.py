@@ -94,23 +94,28 @@ def test_decode_answers_runs_the_served_decoders_at_four_contexts():
     for name in RECURRENCES:  # their prefill at 1M would outlast the rest of the run
         assert {n for v, _, _, n in got if v == name} == contexts - {1 << 20}, name
     assert {c.batch for c in cases} == {1} and {c.heads for c in cases} == {32}
-    assert {c.head_dim for c in cases if c.variant != "mla"} == {128}
+    served = [c for c in cases if c.variant == "dsa"]  # as decode-served: MLA's MQA form
+    assert {(c.head_dim, c.kv_heads, c.value_dim) for c in served} == {(576, 1, 512)}
+    assert all('"lightning"' in c.params for c in served)
+    assert {c.head_dim for c in cases if c.variant not in ("mla", "dsa")} == {128}
     assert {c.pass_ for c in cases} == {"decode"} and {c.dtype for c in cases} == {"float32"}
     assert all(json.loads(c.params).get("cache_dtype") != "float8_e4m3fn" for c in cases)
 
 
-def test_decode_answers_plans_within_45_minutes():
+def test_decode_answers_plans_within_an_hour():
     """A decode case's estimate does not depend on the matmul rate: drawing the context and
     reading the state at assumed rates (close to decode-served's wall time, case by case).
     A state above the project's 24 GiB machines (the multi-head cache at 1M) is the memory
-    guard's skip there, as in the dry run's estimate."""
+    guard's skip there, as in the dry run's estimate. dsa as served is a quarter of it (at
+    1M it draws the context's 576-wide queries and 64 indexer queries a token, which its
+    prefill does not read), so the limit is 55 minutes, not decode-served's 45."""
     _, cases = mx.load("decode-answers")
     planned = estimate.plan_cases(cases, 150e9)
     assert not [c for c, why, _ in planned if why]
     fits = [s for c, _, s in planned
             if decode_bytes(c, layers.build(c)) < 24 * 2**30]
     assert len(fits) == len(planned) - 1
-    assert sum(fits) / 60 <= 45
+    assert sum(fits) / 60 <= 55
 
 
 def test_the_readme_and_docs_name_the_presets_that_exist():
