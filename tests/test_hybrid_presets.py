@@ -40,9 +40,10 @@ def test_hybrid_cpu_trains_each_mixer_at_each_ratio_at_n_128():
     assert {len(c.seeds) for c in configs} == {2} and {len(c.lrs) for c in configs} == {4}
     # the protocol of the trained reference; the cap is each preset's budget (four layers
     # at 2,000 steps at one setting: issue 49; one layer at 3,000 train-cpu's). train-cpu's
-    # recurrences at N = 128 are never settled (its header): its other cells' protocol.
+    # recurrences at N = 128 settle over a longer window (its header): its other cells'
+    # protocol.
     _, cpu = tm.load("train-cpu")
-    cpu = [c for c in cpu if c.settle_window < c.max_steps / 2]
+    cpu = [c for c in cpu if c.settle_window == min(x.settle_window for x in cpu)]
     assert {c.max_steps for c in configs} == {2000}
     fields = ("batch", "race_steps", "settle_window", "settle_margin",
               "early_stop", "train_examples", "test_examples", "lrs")
