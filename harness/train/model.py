@@ -28,10 +28,10 @@ A ~ U(0, 16), as fla's layer draws it; Kimi Delta Attention's g per channel =
 -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank d / H, A_log per head and dt_bias per
 channel as in fla's KimiDeltaAttention layer; DSA's lightning indexer (its queries, key
 and weights from x.detach(), trained by its own KL loss toward the main attention, which
-the block returns beside its output: `RecallModel.aux_loss`). `InputLayer` says where each
-differs from its paper's layer. After the mixer, the layer its paper has there (`OutputLayer`: a norm
-of each head's output, and an output gate from the same x where the paper has one);
-none after softmax attention, whose papers' block has none.
+the block makes beside its output: `RecallModel.aux_loss`). `InputLayer` says where each
+differs from its paper's layer. After the mixer, the layer its paper has there
+(`OutputLayer`: a norm of each head's output, and an output gate from the same x where the
+paper has one); none after softmax attention, whose papers' block has none.
 Parameters are initialised as Zoology's model does (normal, std 0.02; output projections
 scaled by 1 / sqrt(2 layers)) except the q, k, v projection: std d_model^-1/2, so that the
 first scores are O(1) and attention is not uniform from the start. Measured here (sdpa,
