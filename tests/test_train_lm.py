@@ -323,7 +323,7 @@ def test_the_lm_and_state_presets_train_what_the_issue_asks():
                                      if k != "workers"}))
     assert {c.variant for c in lm_cpu} == {
         "none", "sdpa", "sliding_window", "linear", "retention", "gla", "mamba2", "deltanet",
-        "gated_deltanet", "kda", "moba", "gated_deltanet*3+sdpa"}
+        "gated_deltanet", "kda", "moba", "dsa", "nsa", "gated_deltanet*3+sdpa"}
     assert {c.task for c in lm_cpu} == {"lm"} and all(c.early_stop == 0 for c in lm_cpu)
     assert all(len(c.seeds) == 2 and c.causal for c in lm_cpu)
     state = tm.expand(tm.normalise({k: v for k, v in read_toml("state-cpu").items()

@@ -1,10 +1,12 @@
 """The training presets say what the docs say they do: train-quick trains every variant of
 ours (not the library kernels, other implementations of the same patterns) on at least two
 settings, causal ones among them and a non-causal one where Linformer and Nystrom train;
-train-cpu meets it at N = 64; train-gpu is Zoology's Figure 2 grid.
+train-cpu meets it at N = 64; train-gpu is Zoology's Figure 2 grid; mad-cpu (MQAR) and
+lm-cpu carry dsa (its lightning indexer, top_k = N / 8) and nsa beside sdpa and moba.
 
 Planted bugs: a variant registered later and left out of train-quick; linformer or nystrom
-only asked for causal (all skipped: ranked nowhere); a grid that drifts from the paper's."""
+only asked for causal (all skipped: ranked nowhere); a grid that drifts from the paper's;
+mad-cpu's dsa at top_k 8 (a quarter of N = 32, not an eighth)."""
 
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ LIBRARY = ("_flex", "_sdpa_mask", "_xformers", "_fla")
 # of d / H from the hidden state, and MLA's layer (a latent and a rotary key shared by
 # the heads, the up-projections w_uk and w_uv) is not built (docs/variants.md, mla).
 UNTRAINED = {"mla": "no MLA layer in the recall model",
-             # trains (its gates by a sigmoid layer: `attnbench train --variants nsa` with
-             # block 8, stride 4, select_block 8, top_n 3, window 8), but its CPU step is
-             # about 4x dsa's, and train-quick's plan would pass its five minutes
+             # trains (its gates by a sigmoid layer, its compressor mean pooling: mad-cpu's
+             # MQAR group and lm-cpu carry it), but its CPU step is several times dsa's,
+             # and train-quick's plan would pass its five minutes
              "nsa": "its CPU step would take train-quick past its five minutes"}
 
 
@@ -72,3 +74,21 @@ def test_train_gpu_is_zoologys_figure_2_grid():
     lrs = torch.logspace(-4, -2, 4).tolist()
     assert all(abs(a - b) / b < 1e-4 for a, b in zip(sorted(sdpa[0].lrs), lrs))
     assert {c.train_examples for c in configs} == {100_000} and {c.device for c in configs} == {"cuda"}
+
+
+def test_the_recall_and_text_presets_carry_the_learned_sparse_two_at_budgets_that_select():
+    """Issue 53: dsa with its lightning indexer at top_k = N / 8, and nsa at blocks of 8, two
+    chosen, a window of 16, beside sdpa and moba: in mad-cpu on MQAR, in lm-cpu."""
+    import json
+
+    nsa = {"block": 8, "stride": 8, "select_block": 8, "top_n": 2, "window": 16}
+    for preset, task in (("mad-cpu", "mqar"), ("lm-cpu", "lm")):
+        _, configs = tm.load(preset)
+        on = [c for c in configs if c.task == task]
+        assert {"sdpa", "moba", "dsa", "nsa"} <= {c.variant for c in on}, preset
+        for c in on:
+            p = json.loads(c.params)
+            if c.variant == "dsa":
+                assert p["indexer"] == "lightning" and p["top_k"] * 8 == c.seq_len, preset
+            elif c.variant == "nsa":
+                assert p == nsa, preset

@@ -26,10 +26,12 @@ U(1, 16) and dt ~ logU(1e-3, 1e-1) per head at initialisation, and its write sca
 same dt (v dt, as SSD writes dt_t B_t^T x_t); Gated DeltaNet's gate of the same form with
 A ~ U(0, 16), as fla's layer draws it; Kimi Delta Attention's g per channel =
 -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank d / H, A_log per head and dt_bias per
-channel as in fla's KimiDeltaAttention layer. `InputLayer` says where each differs from
-its paper's layer. After the mixer, the layer its paper has there (`OutputLayer`: a norm
-of each head's output, and an output gate from the same x where the paper has one);
-none after softmax attention, whose papers' block has none.
+channel as in fla's KimiDeltaAttention layer; DSA's lightning indexer (its queries, key
+and weights from x.detach(), trained by its own KL loss toward the main attention, which
+the block makes beside its output: `RecallModel.aux_loss`). `InputLayer` says where each
+differs from its paper's layer. After the mixer, the layer its paper has there
+(`OutputLayer`: a norm of each head's output, and an output gate from the same x where the
+paper has one); none after softmax attention, whose papers' block has none.
 Parameters are initialised as Zoology's model does (normal, std 0.02; output projections
 scaled by 1 / sqrt(2 layers)) except the q, k, v projection: std d_model^-1/2, so that the
 first scores are O(1) and attention is not uniform from the start. Measured here (sdpa,
@@ -73,6 +75,7 @@ DT_RANGE = (1e-3, 1e-1)
 # A = exp(A_log) at initialisation, uniform in: mamba_ssm's Mamba2 `A_init_range` (and
 # fla's KimiDeltaAttention), fla's GatedDeltaNet.
 A_RANGE = {"mamba2_decay": (1, 16), "kda_gate": (1, 16), "gdn_decay": (0, 16)}
+INDEXER_LAYERS = ("indexer_q", "indexer_k", "indexer_w")  # dsa's lightning indexer
 
 
 class InputLayer(nn.Module):
@@ -95,6 +98,17 @@ class InputLayer(nn.Module):
     - "kda_gate", Kimi Delta Attention's gate (fla's KimiDeltaAttention f_proj): g per
       channel = -exp(A_log) softplus(W2 W1 x + dt_bias), W1 of rank d / H, A_log per head
       (A ~ U(1, 16)), dt_bias per channel (dt ~ logU(1e-3, 1e-1)).
+    - "indexer_q", "indexer_k", "indexer_w", DSA's lightning indexer (DeepSeek-V3.2, arXiv:
+      2512.02556, Sec. 2.1; its inference code's `Indexer`): index_q = W_q x (index_heads
+      heads of index_dim), index_k = LayerNorm(W_k x) (one key a token, shared by the
+      indexer's heads), index_w = W_w x index_heads^-1/2 index_dim^-1/2. Each reads
+      x.detach(), as the paper detaches the indexer's input from the main graph: it learns
+      only from its KL loss toward the main attention (dsa's `indexer_kl`, `Block`).
+      Differs: W_q reads x, where DeepSeek's reads MLA's normed query latent (this model
+      has none); no rotary part in q and k (this model's only position signal is its
+      convolution), no Hadamard rotation or FP8 (inference-time); W_q, W_k, W_w without
+      bias, as DeepSeek's, initialised as the model's other projections (std 0.02); trained
+      from the start in the sparse stage, without the paper's dense warm-up.
 
     forward(x) -> (the input in its declared shape, the factor (B, H, N, 1) the layer
     scales the mixer's v by, or None)."""
@@ -104,7 +118,15 @@ class InputLayer(nn.Module):
         self.kind, self.heads = spec.layer, heads
         # the declared range's top: a sigmoid input in (0, high) (DeltaNet's beta_max)
         self.high = 1.0 if spec.high is None else float(spec.high)
-        if self.kind == "sigmoid":  # (B, H, N) in (0, high)
+        if self.kind in INDEXER_LAYERS:  # (B, hi, N, di), (B, 1, N, di) or (B, hi, N)
+            own = dict(spec.own_dims)
+            self.hi, self.di = own["index_heads"], own["index_dim"]
+            width = {"indexer_q": self.hi * self.di, "indexer_k": self.di,
+                     "indexer_w": self.hi}[self.kind]
+            self.proj = nn.Linear(d_model, width, bias=False)
+            if self.kind == "indexer_k":
+                self.norm = nn.LayerNorm(self.di)
+        elif self.kind == "sigmoid":  # (B, H, N) in (0, high)
             self.proj = nn.Linear(d_model, heads)
         elif self.kind == "gla_gate":  # (B, H, N, d / H) <= 0
             self.proj = nn.Sequential(nn.Linear(d_model, GLA_GATE_RANK, bias=False),
@@ -128,6 +150,8 @@ class InputLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, N, d = x.shape
+        if self.kind in INDEXER_LAYERS:
+            return self._indexer(x.detach()), None
         y = self.proj(x)  # (B, N, H) or (B, N, d)
         scale = None
         if self.kind == "sigmoid":
@@ -147,6 +171,15 @@ class InputLayer(nn.Module):
                 scale = dt.transpose(1, 2)[..., None]  # (B, H, N, 1): the write's dt
         return y.transpose(1, 2).contiguous(), scale  # (B, H, N) or (B, H, N, d / H)
 
+    def _indexer(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        y = self.proj(x)
+        if self.kind == "indexer_q":
+            return y.view(B, N, self.hi, self.di).transpose(1, 2).contiguous()
+        if self.kind == "indexer_k":
+            return self.norm(y)[:, None]
+        return (y * (self.hi * self.di) ** -0.5).transpose(1, 2).contiguous()
+
 
 class Block(nn.Module):
     def __init__(self, d_model: int, heads: int, mixer: nn.Module, causal: bool, mlp: bool,
@@ -158,6 +191,7 @@ class Block(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.mixer = mixer
         self._checked = set()  # the call signatures `_mix` has checked
+        self.aux = None  # the last forward's auxiliary loss in training (dsa's indexer KL)
         self.inputs = nn.ModuleDict({s.name: InputLayer(s, d_model, heads)
                                      for s in mixer.contract.inputs})
         # The variant's declared output layer (none for softmax: the papers' transformer
@@ -183,10 +217,14 @@ class Block(nn.Module):
         if key not in self._checked:
             self.mixer.check_call(q, k, v, self.causal, backward=grad, **extra)
             self._checked.add(key)
+        if self.training and torch.is_grad_enabled() and hasattr(self.mixer, "attend_with_loss"):
+            o, self.aux = self.mixer.attend_with_loss(q, k, v, **extra)  # dsa: its KL
+            return o
         return self.mixer.unchecked(q, k, v, self.causal, **extra)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:  # h (B, N, d)
         B, N, d = h.shape
+        self.aux = None
         h = h + self.conv(h)  # no norm before it: measured here, a norm delayed learning
         x = self.norm_attn(h)
         q, k, v = self.qkv(x).view(B, N, 3, self.heads, d // self.heads).permute(
@@ -253,6 +291,15 @@ class RecallModel(nn.Module):
         if where is not None:
             h = h[where]  # (M, d)
         return F.linear(self.norm_out(h), self.embedding.weight)  # tied head
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """The auxiliary losses the blocks made in the last forward in training (dsa's
+        indexer KL: `Block._mix`), summed, and cleared; None when none did. The trainer adds
+        it to the cross-entropy (weight 1); held-out evaluation makes none."""
+        parts = [b.aux for b in self.blocks if b.aux is not None]
+        for b in self.blocks:
+            b.aux = None
+        return sum(parts) if parts else None
 
     def param_groups(self, weight_decay: float) -> list[dict]:
         """AdamW's groups: every parameter decayed but those marked `_no_weight_decay` (the

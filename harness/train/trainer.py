@@ -15,8 +15,10 @@ on the `lm` task bits per byte, lower is better, compared as its negative (tasks
 an lm run draws fresh windows of its corpus at every step and scores its whole test split
 (harness.train.lm). A causal configuration's model is checked for causality before its
 first step (check_causal_model). Accuracy is the share of scored positions
-(labels != -100) whose arg-max prediction is the label. Everything random comes from the
-configuration's seeds: the validation and test sets from the cell's first seed s0, the
+(labels != -100) whose arg-max prediction is the label. A step minimises the
+cross-entropy plus the model's auxiliary loss (`RecallModel.aux_loss`: dsa's indexer KL,
+weight 1); the training loss recorded is the cross-entropy. Everything random comes from
+the configuration's seeds: the validation and test sets from the cell's first seed s0, the
 training set from this seed s, the three disjoint (tasks.split), the initial weights
 and the batch order from s. On the same threads, the same configuration and rate give
 the same numbers. ("held-out" below: the validation set.)
@@ -296,17 +298,20 @@ class Run:
         t0 = time.perf_counter()
         where = y != tasks.IGNORE
         loss = F.cross_entropy(self.model(x, where), y[where])
+        aux = self.model.aux_loss()  # dsa's indexer KL; its layers learn from it alone
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if aux is None else loss + aux).backward()
         self.opt.step()
         self.sched.step()
         self.sync()
         self.step_s.append(time.perf_counter() - t0)
         self.step += 1
-        value = float(loss.detach())
-        if not math.isfinite(value):
+        value = float(loss.detach())  # the cross-entropy: the indexer's KL not in it
+        kl = None if aux is None else float(aux.detach())
+        if not math.isfinite(value) or not math.isfinite(0.0 if kl is None else kl):
             self.stopped = "nonfinite"
-            self.failure = f"training loss is {value} at step {self.step} (lr={self.lr:g})"
+            self.failure = (f"training loss is {value}{'' if kl is None else f', indexer KL {kl}'}"
+                            f" at step {self.step} (lr={self.lr:g})")
             return
         self.losses.append(value)
 

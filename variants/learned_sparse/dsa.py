@@ -9,7 +9,9 @@ attention (`gathered.py`): softmax over the selected keys, gathered by query chu
 recomputing backward. Both are in the call: the indexer's work is the selection's real
 cost. The decoder keeps the whole key-value cache (any past key may be chosen) and, for
 the lightning indexer, each token's indexer key; a step scores every indexer key and
-reads the top_k tokens' keys and values.
+reads the top_k tokens' keys and values. A trained model's lightning indexer learns from
+`indexer_kl` (the paper's KL toward the main attention), computed beside the attention by
+`attend_with_loss` from the same selection.
 """
 
 from __future__ import annotations
@@ -24,6 +26,36 @@ from . import indexer as ix
 from .gathered import gathered_attention
 
 INDEXERS = ("heads", "lightning")
+
+
+def indexer_kl(q, k, sel, index_q, index_k, index_w) -> torch.Tensor:
+    """DSA's indexer loss in its sparse training stage (arXiv:2512.02556, Sec. 2.1.1): the
+    mean over batch and queries t of KL(p_t || softmax(I(t, S_t))), S_t the keys t selected
+    (sel (B, N, kk), -1: none), p_t the main attention's distribution over S_t (each query
+    head's softmax over S_t, as the sparse attention computes it) summed over the query
+    heads and L1-normalised. p is computed without autograd: gradient reaches only the
+    indexer's inputs. Only the selected keys are gathered, (B, N, kk) rows: O(N kk) memory
+    and time, never N x N. A scalar in the attention's compute dtype."""
+    B, Hq, N, D = q.shape
+    Hk, kk, di = k.shape[1], sel.shape[-1], index_k.shape[-1]
+    cd = compute_dtype(q.dtype)
+    idx = sel.long()
+    pad = idx < 0  # (B, N, kk)
+    rows = (idx.clamp(min=0) + torch.arange(B, device=q.device)[:, None, None] * N).view(-1)
+    with torch.no_grad():  # the target: detached
+        kf = k.detach().to(cd).transpose(1, 2).reshape(B * N, Hk * D)
+        K = kf.index_select(0, rows).view(B, N, kk, Hk, D).permute(0, 1, 3, 4, 2)
+        qs = q.detach().to(cd).reshape(B, Hk, Hq // Hk, N, D).permute(0, 3, 1, 2, 4)
+        s = (qs * softmax_scale(D)) @ K  # (B, N, Hk, r, kk): head h reads its kv head
+        p = torch.softmax(s.masked_fill_(pad[:, :, None, None], float("-inf")), dim=-1)
+        p = p.sum(dim=(2, 3))
+        p = p / p.sum(dim=-1, keepdim=True)  # (B, N, kk), 0 where none is listed
+    ik = index_k.to(cd)[:, 0].reshape(B * N, di).index_select(0, rows).view(B, N, kk, di)
+    a = torch.relu(index_q.to(cd).transpose(1, 2) @ ik.transpose(-1, -2))  # (B, N, Hi, kk)
+    score = (index_w.to(cd).transpose(1, 2).unsqueeze(2) @ a).squeeze(2)  # I, (B, N, kk)
+    logq = torch.log_softmax(score.masked_fill(pad, float("-inf")), dim=-1)
+    kl = torch.xlogy(p, p) - p * logq.masked_fill(pad, 0.0)
+    return kl.sum(dim=-1).mean()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +155,15 @@ class Dsa(Variant):
         if q.shape[-2] == 0:
             return q.new_empty(*q.shape[:3], v.shape[-1])
         return gathered_attention(q, k, v, self.select(q, k, **inputs))
+
+    def attend_with_loss(self, q, k, v, **inputs):
+        """(o, the indexer's loss): `attend`, causal, and with the lightning indexer its
+        `indexer_kl` on the same selection (None with the `heads` proxy, which learns
+        nothing). A trained model adds the loss to its objective (harness.train.model)."""
+        if q.shape[-2] == 0 or not self.lightning:
+            return self.attend(q, k, v, True, **inputs), None
+        sel = self.select(q, k, **inputs)
+        return gathered_attention(q, k, v, sel), indexer_kl(q, k, sel, **inputs)
 
     def attention_weights(self, q, k, causal, **inputs):
         N = q.shape[-2]

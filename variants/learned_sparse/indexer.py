@@ -128,12 +128,14 @@ def index_inputs(hi: int, di: int) -> tuple[InputSpec, ...]:
     return (
         InputSpec("index_q", ("B", "index_heads", "N", "index_dim"), None, None,
                   "N(0, 1) (a projection of the normed query latent)", _q(hi, di),
-                  doc="the indexer's queries, one a head and token", own_dims=own),
+                  doc="the indexer's queries, one a head and token", own_dims=own,
+                  layer="indexer_q"),  # trained: W_q x (harness.train.model.InputLayer)
         InputSpec("index_k", ("B", "1", "N", "index_dim"), None, None,
                   "LayerNorm(x), x ~ N(0, 1) (the indexer's key norm)", _k(di),
-                  doc="the indexer's key, one a token shared by its heads", own_dims=own),
+                  doc="the indexer's key, one a token shared by its heads", own_dims=own,
+                  layer="indexer_k"),  # trained: LayerNorm(W_k x)
         InputSpec("index_w", ("B", "index_heads", "N"), None, None,
                   "N(0, 1) / sqrt(index_heads index_dim) (weights_proj with the code's "
                   "scales)", _w(hi, di), doc="each indexer head's weight a token",
-                  own_dims=own),
+                  own_dims=own, layer="indexer_w"),  # trained: W_w x hi^-1/2 di^-1/2
     )
