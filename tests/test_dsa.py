@@ -167,6 +167,43 @@ def test_no_tensor_grows_as_n_squared(indexer, monkeypatch):
     assert watch.largest <= N * N // 8, watch.largest
 
 
+@pytest.mark.parametrize("c", [1, 3])
+def test_scores_made_in_key_chunks_equal_the_dense_sum(c, monkeypatch):
+    """Both indexers' scores, a key chunk at a time (5 keys here, the last chunk short, B = 2
+    looped), against the dense float64 formula. Planted: a chunk that drops its last key,
+    or a weighted sum over the wrong axis, fails."""
+    monkeypatch.setattr(ix, "_KEY_CHUNK_BYTES", 4 * 5)
+    monkeypatch.setattr(ix, "_MIN_KEYS", 5)
+    g = torch.Generator().manual_seed(3)
+    B, Hi, di, n, Hq, Hk, D = 2, 4, 8, 23, 4, 2, 8
+    iq = torch.randn(B, Hi, c, di, generator=g, dtype=torch.float64)
+    ik = torch.randn(B, 1, n, di, generator=g, dtype=torch.float64)
+    iw = torch.randn(B, Hi, c, generator=g, dtype=torch.float64)
+    dense = torch.einsum("bhc,bhcn->bcn", iw, torch.relu(iq @ ik.transpose(-1, -2)))
+    assert len(ix.key_chunks(1, n)) == 5
+    torch.testing.assert_close(ix.lightning_scores(iq, ik, iw), dense, rtol=1e-12, atol=1e-12)
+    q = torch.randn(B, Hq, c, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, Hk, n, D, generator=g, dtype=torch.float64)
+    kr = k.repeat_interleave(Hq // Hk, dim=1)
+    want = torch.relu(q @ kr.transpose(-1, -2) / D ** 0.5).sum(dim=1)
+    torch.testing.assert_close(ix.heads_scores(q, k), want, rtol=1e-12, atol=1e-12)
+
+
+def test_top_later_without_ties_is_top_ks_own_positions_latest_first():
+    """Scores without a tie at the threshold take top-k's positions (the fast path), the
+    same as the tie-breaking path's, latest first; -inf rows and ties still go the long
+    way. Planted: the fast path's positions unsorted, or taken where a row ties."""
+    g = torch.Generator().manual_seed(5)
+    s = torch.randn(3, 2, 300, generator=g)
+    got = ix.top_later(s, 40)
+    thr = s.topk(40, dim=-1).values.amin(dim=-1, keepdim=True)
+    assert torch.equal(got, ix._top_later_ties(s, 40, thr))
+    assert bool((got[..., :-1] > got[..., 1:]).all())
+    tied = s.clone()
+    tied[0, 0, :50] = 9.0  # 50 equal best: the last 40 of them
+    assert torch.equal(ix.top_later(tied, 40)[0, 0], torch.arange(49, 9, -1))
+
+
 def test_bad_input_is_one_line():
     with pytest.raises(ValueError, match="'top_k' must be >= 1") as e:
         variants.build("dsa", top_k=0)

@@ -12,8 +12,9 @@ indexer toward, training-free. One selection a (batch, query), shared by every h
 
 Ties go to the later position: the kk-th largest score is the threshold, every score
 above it is taken and, of those equal to it, the last ones (a reversed running count).
-Scores exist one query chunk at a time, (B, c, Hx, n) with Hx the indexer's heads, so
-memory is one chunk plus the (B, N, kk) selection. No autograd: the selection is not
+Scores exist one query chunk at a time, (B, c, n), summed over the indexer's heads Hx from
+per-head scores made a key chunk at a time in one buffer, so memory is one chunk plus the
+(B, N, kk) selection. No autograd: the selection is not
 differentiated (in the paper the indexer learns from its own KL loss).
 """
 
@@ -36,31 +37,79 @@ def chunks(B: int, heads: int, N: int) -> list[tuple[int, int]]:
     return [(s, min(N, s + c)) for s in range(0, N, c)]
 
 
+# Per-head scores are made a key chunk at a time into one buffer of about this many bytes
+# (at least _MIN_KEYS keys a chunk), rectified and summed over the heads there: the product
+# of a few query rows by many keys then runs as cache-sized matmuls, where one product
+# against every key writes, rectifies and rereads all of its per-head scores (a decoding
+# step of 64 indexer heads against 1M keys: 256 MiB; results/dsa-decode-probe's note).
+_KEY_CHUNK_BYTES = 2**20
+_MIN_KEYS = 512
+
+
+def key_chunks(rows: int, n: int) -> list[tuple[int, int]]:
+    """Key ranges (s, e) whose scores for `rows` query rows (all heads) fit the buffer."""
+    m = max(_MIN_KEYS, _KEY_CHUNK_BYTES // (4 * max(rows, 1)))
+    return [(s, min(n, s + m)) for s in range(0, n, m)]
+
+
+@torch.no_grad()  # a selection is not differentiated (DSA's KL trains the indexer: dsa.py)
 def lightning_scores(iq: torch.Tensor, ik: torch.Tensor, iw: torch.Tensor) -> torch.Tensor:
     """I for queries iq (B, Hi, c, di) with weights iw (B, Hi, c) against keys ik (B, 1, n,
-    di): (B, c, n), two matmuls (the weighted sum over heads is one)."""
+    di): (B, c, n); per batch element and key chunk, the products of every head's query
+    with the keys into one buffer, rectified there, and their weighted sum over heads."""
     B, Hi, c, di = iq.shape
+    n = ik.shape[-2]
     qr = iq.transpose(1, 2).reshape(B, c * Hi, di)
-    a = torch.relu_(qr @ ik[:, 0].transpose(-1, -2)).view(B, c, Hi, -1)  # (B, c, Hi, n)
-    return (iw.transpose(1, 2).unsqueeze(2) @ a).squeeze(2)  # (B, c, n)
+    w = iw.transpose(1, 2).reshape(B, c, 1, Hi)
+    out = iq.new_empty(B, c, n)
+    spans = key_chunks(c * Hi, n)
+    buf = iq.new_empty(c * Hi, spans[0][1] - spans[0][0] if spans else 0)
+    for b in range(B):
+        for s, e in spans:
+            a = buf[:, :e - s]
+            torch.mm(qr[b], ik[b, 0, s:e].t(), out=a)
+            a.relu_()
+            out[b, :, s:e] = (w[b] @ a.view(c, Hi, e - s)).squeeze(1)
+    return out
 
 
+@torch.no_grad()
 def heads_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """sum_h ReLU(q_h . k_g(h) / sqrt(D)) for queries q (B, Hq, c, D) against keys k (B,
-    Hk, n, D), query head h reading key-value head h // (Hq / Hk): (B, c, n)."""
+    Hk, n, D), query head h reading key-value head h // (Hq / Hk): (B, c, n), a key chunk
+    at a time as `lightning_scores`."""
     B, Hq, c, D = q.shape
-    Hk = k.shape[1]
-    s = (q.reshape(B, Hk, (Hq // Hk) * c, D) * softmax_scale(D)) @ k.transpose(-1, -2)
-    return torch.relu_(s).view(B, Hq, c, -1).sum(dim=1)
+    Hk, n = k.shape[1], k.shape[-2]
+    qs = (q.reshape(B, Hk, (Hq // Hk) * c, D) * softmax_scale(D)).reshape(B * Hk, -1, D)
+    out = q.new_empty(B, c, n)
+    spans = key_chunks(B * Hq * c, n)
+    buf = q.new_empty(B * Hk, qs.shape[1], spans[0][1] - spans[0][0] if spans else 0)
+    for s, e in spans:
+        a = buf[:, :, :e - s]
+        torch.bmm(qs, k[:, :, s:e].reshape(B * Hk, e - s, D).transpose(1, 2), out=a)
+        out[:, :, s:e] = a.relu_().view(B, Hq, c, e - s).sum(dim=1)
+    return out
 
 
 def top_later(s: torch.Tensor, kk: int) -> torch.Tensor:
     """The kk best of each row of scores s (..., n) (-inf: not a candidate), ties toward the
     later position: (..., kk) long positions, latest first, -1 where a row has fewer
-    candidates."""
+    candidates. Where no row has a tie at its kk-th score (real-valued scores almost never
+    do), top-k's own positions are the answer; else `_top_later_ties`."""
     n = s.shape[-1]
     kk = min(kk, n)
-    thr = s.topk(kk, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+    vals, idx = s.topk(kk, dim=-1, sorted=False)
+    thr = vals.amin(dim=-1, keepdim=True)
+    if bool((thr > float("-inf")).all()) and bool(((s >= thr).sum(dim=-1) == kk).all()):
+        return idx.sort(dim=-1, descending=True).values
+    return _top_later_ties(s, kk, thr)
+
+
+def _top_later_ties(s: torch.Tensor, kk: int, thr: torch.Tensor) -> torch.Tensor:
+    """`top_later` where a row ties at its threshold thr, or has fewer than kk candidates:
+    every score above thr is taken and, of those equal to it, the last ones (a reversed
+    running count)."""
+    n = s.shape[-1]
     above = s > thr
     tie = (s == thr) & (thr > float("-inf"))
     need = kk - above.sum(dim=-1, keepdim=True)
