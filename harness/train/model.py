@@ -217,8 +217,8 @@ class Block(nn.Module):
         if key not in self._checked:
             self.mixer.check_call(q, k, v, self.causal, backward=grad, **extra)
             self._checked.add(key)
-        if self.training and torch.is_grad_enabled() and hasattr(self.mixer, "attend_with_loss"):
-            o, self.aux = self.mixer.attend_with_loss(q, k, v, **extra)  # dsa: its KL
+        if self.training and torch.is_grad_enabled():  # dsa's indexer KL, else None
+            o, self.aux = self.mixer.unchecked_with_loss(q, k, v, self.causal, **extra)
             return o
         return self.mixer.unchecked(q, k, v, self.causal, **extra)
 

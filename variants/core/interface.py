@@ -134,6 +134,13 @@ class Variant(Decoder, torch.nn.Module):
             return self.attend(q, k, v, causal, **inputs)
         return self.attend(q, k, v, causal)
 
+    def unchecked_with_loss(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            causal: bool = False, **inputs: torch.Tensor):
+        """(`unchecked`'s output, an auxiliary loss the variant trains its own parts by, or
+        None): what a trained model's block calls in training and adds to its objective
+        (harness.train.model). None here; dsa's lightning indexer returns its KL."""
+        return self.unchecked(q, k, v, causal, **inputs), None
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                causal: bool) -> torch.Tensor:
         raise NotImplementedError

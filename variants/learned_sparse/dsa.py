@@ -11,7 +11,7 @@ cost. The decoder keeps the whole key-value cache (any past key may be chosen) a
 the lightning indexer, each token's indexer key; a step scores every indexer key and
 reads the top_k tokens' keys and values. A trained model's lightning indexer learns from
 `indexer_kl` (the paper's KL toward the main attention), computed beside the attention by
-`attend_with_loss` from the same selection.
+`unchecked_with_loss` from the same selection.
 """
 
 from __future__ import annotations
@@ -156,12 +156,12 @@ class Dsa(Variant):
             return q.new_empty(*q.shape[:3], v.shape[-1])
         return gathered_attention(q, k, v, self.select(q, k, **inputs))
 
-    def attend_with_loss(self, q, k, v, **inputs):
-        """(o, the indexer's loss): `attend`, causal, and with the lightning indexer its
+    def unchecked_with_loss(self, q, k, v, causal=True, **inputs):
+        """(o, the indexer's loss): `unchecked`, and with the lightning indexer its
         `indexer_kl` on the same selection (None with the `heads` proxy, which learns
         nothing). A trained model adds the loss to its objective (harness.train.model)."""
         if q.shape[-2] == 0 or not self.lightning:
-            return self.attend(q, k, v, True, **inputs), None
+            return self.unchecked(q, k, v, causal, **inputs), None
         sel = self.select(q, k, **inputs)
         return gathered_attention(q, k, v, sel), indexer_kl(q, k, sel, **inputs)
 

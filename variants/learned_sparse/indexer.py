@@ -41,7 +41,7 @@ def chunks(B: int, heads: int, N: int) -> list[tuple[int, int]]:
 # (at least _MIN_KEYS keys a chunk), rectified and summed over the heads there: the product
 # of a few query rows by many keys then runs as cache-sized matmuls, where one product
 # against every key writes, rectifies and rereads all of its per-head scores (a decoding
-# step of 64 indexer heads against 1M keys: 256 MiB; results/dsa-decode-probe's note).
+# step of 64 indexer heads against 1M keys: 256 MiB; results/dsa-decode-1m).
 _KEY_CHUNK_BYTES = 2**20
 _MIN_KEYS = 512
 
