@@ -36,12 +36,6 @@ def recall_cell(variant: str, recall: dict[str, float] | None, reach: float) -> 
     return f"trained recall {acc:.3f}" + ("" if acc >= reach else f" (below {reach})")
 
 
-def _ratio(a, b, digits: int | None = None) -> str:
-    if a is None or b is None or pd.isna(a) or pd.isna(b) or not b:
-        return "–"
-    return T.fmt_num(a / b) if digits is None else f"{a / b:.{digits}f}"
-
-
 def table(dec: pd.DataFrame, recall: dict[str, float] | None, reach: float) -> pd.DataFrame:
     """Per setting and context, one row per recurrence decoder: its recall (recall_cell),
     its ms per token and state MiB, the fastest exact path's there, and the exact path's
@@ -64,8 +58,8 @@ def table(dec: pd.DataFrame, recall: dict[str, float] | None, reach: float) -> p
                          "exact path": "–" if ex is None else ex["label"],
                          "its ms / token": T.fmt_num(ex_ms),
                          "its state MiB": T.fmt_num(ex_mib),
-                         "× faster than exact": _ratio(ex_ms, r["time_ms"], 1),
-                         "× smaller state": _ratio(ex_mib, mib)})
+                         "× faster than exact": T.ratio(ex_ms, r["time_ms"], 1),
+                         "× smaller state": T.ratio(ex_mib, mib, None)})
     return pd.DataFrame(rows)
 
 

@@ -199,9 +199,9 @@ def served_tables(dec: pd.DataFrame, meta: dict, recall: dict[str, float]
                 "accuracy": _accuracy_cell(f, recall), "ms / token": T.fmt_num(f["time_ms"]),
                 "state MiB": T.fmt_num(f["decode_state_mib"]),
                 "baseline ms / token": T.fmt_num(b_ms),
-                "× faster than the baseline": _ratio(b_ms, f["time_ms"]),
+                "× faster than the baseline": T.ratio(b_ms, f["time_ms"]),
                 "multi-head exact ms / token": T.fmt_num(mh_ms),
-                "× faster than multi-head": _ratio(mh_ms, f["time_ms"])})
+                "× faster than multi-head": T.ratio(mh_ms, f["time_ms"])})
         for _, r in g.sort_values("label").iterrows():
             o = good.loc[r.name] if r.name in good.index else None
             every.append({
@@ -211,17 +211,13 @@ def served_tables(dec: pd.DataFrame, meta: dict, recall: dict[str, float]
                 "state MiB": T.fmt_num(r.get("decode_state_mib")),
                 "roofline bound ms": "–" if o is None else T.fmt_num(o["bound_ms"]),
                 "bound": "–" if o is None or pd.isna(o["bound_ms"]) else o["bound"],
-                "time / bound": "–" if o is None else _ratio(o["time_ms"], o["bound_ms"], 2),
-                "× faster than the baseline": "–" if o is None else _ratio(b_ms, o["time_ms"]),
+                "time / bound": "–" if o is None else T.ratio(o["time_ms"], o["bound_ms"], 2),
+                "× faster than the baseline": "–" if o is None else T.ratio(b_ms, o["time_ms"]),
                 "accuracy": "–" if o is None else _accuracy_cell(o, recall)})
     answers, every = (pd.DataFrame(t) for t in (answers, every))
     if dec["setting"].nunique() == 1:  # one setting (a served preset's): no column for it
         answers, every = (t.drop(columns="setting", errors="ignore") for t in (answers, every))
     return answers, every, label
-
-
-def _ratio(a, b, digits: int = 1) -> str:
-    return "–" if pd.isna(a) or pd.isna(b) or not b else f"{a / b:.{digits}f}"
 
 
 def served_blocks(dec: pd.DataFrame, meta: dict, train: pd.DataFrame | None = None

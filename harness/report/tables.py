@@ -69,6 +69,14 @@ def against_softmax(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["err_ref"] == "softmax"] if "err_ref" in df.columns else df
 
 
+def ratio(a, b, digits: int | None = 1) -> str:
+    """a / b to `digits` decimals (None: fmt_num's figures), "–" where either is missing or
+    b is zero."""
+    if a is None or b is None or pd.isna(a) or pd.isna(b) or not b:
+        return "–"
+    return fmt_num(a / b) if digits is None else f"{a / b:.{digits}f}"
+
+
 SOFTMAX_REFS = ("softmax", "own_softmax")
 
 
