@@ -13,7 +13,6 @@ minutes on two workers, or with fewer than two seeds. The race: tests/test_train
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 
@@ -216,38 +215,12 @@ def test_the_probe_times_the_configurations_own_step(monkeypatch):
 
 # -- the protocol presets ------------------------------------------------------------------
 
-def _measured_steps(folder: str) -> dict:
-    """Step seconds per model from a committed reference run's train.csv (the quiet run of
-    `run_bench.py train --preset <name>`, two one-thread workers): the calibration the
-    presets' budgets are planned with (the dry-run probes its own)."""
-    out = {}
-    with open(f"results/{folder}/train.csv") as f:
-        for r in csv.DictReader(f):
-            if r["step_ms"]:
-                key = (r["task"], r["task_params"], r["variant"],
-                       json.dumps(json.loads(r["params"]), sort_keys=True), int(r["seq_len"]),
-                       int(r["heads"]), int(r["layers"]), int(r["d_model"]))
-                out[key] = float(r["step_ms"]) / 1e3 * 64 / int(r["batch"])  # per 64
-    return out
-
-
 @pytest.mark.parametrize("preset", ["train-cpu", "mad-cpu", "hybrid-cpu", "state-cpu",
                                     "lm-cpu"])
 def test_the_protocol_presets_plan_within_90_minutes_on_two_workers(preset):
     _, configs = tm.load(preset)
-    steps = _measured_steps(preset)
-
-    def step(c, module):
-        key = (c.task, c.task_params, c.variant, c.params, c.seq_len, c.heads, c.layers,
-               c.d_model)
-        # Not in the reference run: the same model at its other sizes, else (a model or task
-        # setting the run did not train: kda in hybrid-cpu, train-cpu's 32 pairs) the
-        # slowest step the run took at the same length and depth.
-        same = [k for k in steps if k[:3] == key[:3] and k[4:] == key[4:]]
-        alike = [k for k in steps if k[0] == key[0] and k[4] == key[4] and k[6:] == key[6:]]
-        seconds = steps[key] if key in steps else \
-            steps[max(same)] if same else max(steps[k] for k in alike)
-        return seconds * c.batch / 64
+    # step costs from the preset's quiet reference run (estimate.reference_steps)
+    step = estimate.reference_steps(f"results/{preset}")
 
     # The estimate (the share of the plan the reference runs trained, harness/train/stops.py),
     # not the ceiling: since issue 49 the race cuts nothing on the plateau or on a tie, and

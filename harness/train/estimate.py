@@ -15,6 +15,9 @@ evaluation costs a forward over the held-out set, a third of a step per batch; e
 configuration WORKER_S to start its process and data. Declared skips cost nothing.
 
 `wall_seconds` puts a plan on the sweep's workers as the sweep gives them its cells.
+`reference_steps` prices a preset's steps at those of its committed reference run, as the
+preset test plans it; `python -m harness.train.estimate PRESET ...` prints each preset's
+estimate and ceiling so (the figures docs/training.md quotes).
 
 `flop_step_seconds` is the FLOP model (analytic forward FLOPs x 3 at EFFICIENCY of a matmul
 rate, plus STEP_OVERHEAD_S): shards balance on it, where no probe is run.
@@ -22,8 +25,10 @@ rate, plus STEP_OVERHEAD_S): shards balance on it, where no probe is run.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import heapq
+import json
 import queue
 import statistics
 from concurrent.futures import ThreadPoolExecutor
@@ -190,3 +195,48 @@ def wall_seconds(costs: list[tuple[TrainConfig, float, list[str]]], workers: int
     for seconds in cells.values():
         heapq.heappush(free, heapq.heappop(free) + seconds)
     return max(free)
+
+
+def reference_steps(folder) -> Callable:
+    """step_seconds(config, module) from a committed reference run's train.csv (its quiet
+    run, two one-thread workers): the configuration's own model's step, else the same
+    model at another size, else (a model or setting the run did not train) the slowest step
+    the run took at the same length and depth; per batch of the configuration's."""
+    steps = {}
+    with open(Path(folder) / "train.csv") as f:
+        for r in csv.DictReader(f):
+            if r["step_ms"]:
+                key = (r["task"], r["task_params"], r["variant"],
+                       json.dumps(json.loads(r["params"]), sort_keys=True), int(r["seq_len"]),
+                       int(r["heads"]), int(r["layers"]), int(r["d_model"]))
+                steps[key] = float(r["step_ms"]) / 1e3 * 64 / int(r["batch"])  # per 64
+
+    def step(c: TrainConfig, module) -> float:
+        key = (c.task, c.task_params, c.variant, c.params, c.seq_len, c.heads, c.layers,
+               c.d_model)
+        same = [k for k in steps if k[:3] == key[:3] and k[4:] == key[4:]]
+        alike = [k for k in steps if k[0] == key[0] and k[4] == key[4] and k[6:] == key[6:]]
+        seconds = steps[key] if key in steps else \
+            steps[max(same)] if same else max(steps[k] for k in alike)
+        return seconds * c.batch / 64
+    return step
+
+
+def _main(presets: list[str]) -> None:
+    """Each PRESET (a preset's name, or MATRIX.toml:FOLDER for a matrix of your own priced
+    at FOLDER's reference run) on two workers."""
+    from harness.train import matrix as tm
+    from harness.train import runner, stops
+    for arg in presets:
+        name, _, folder = arg.partition(":")
+        _, configs = tm.load(name)
+        step, workers = reference_steps(folder or f"results/{name}"), 2
+        est = plan_seconds(configs, step, runner.skip_reasons, stops.share)
+        most = plan_seconds(configs, step, runner.skip_reasons)
+        print(f"{name}: estimate {wall_seconds(est, workers) / 60:.1f} min, ceiling "
+              f"{wall_seconds(most, workers) / 60:.1f} min on {workers} workers")
+
+
+if __name__ == "__main__":
+    import sys
+    _main(sys.argv[1:] or ["train-cpu", "mad-cpu", "hybrid-cpu", "state-cpu", "lm-cpu"])
