@@ -215,7 +215,7 @@ def test_beta_max_2_declares_its_range_reaches_the_layer_and_matches_the_recurre
     q, k, v = (torch.randn(1, 2, 100, 8, generator=g, dtype=torch.float64) for _ in range(3))
     ref = m.reference(q, k, v, **ins)
     assert float((m(q, k, v, causal=True, **ins) - ref).norm() / ref.norm()) < 1e-10
-    from harness.train.model import InputLayer
+    from harness.train.input_layers import InputLayer
     layer = InputLayer(beta, 16, 2)
     nn.init.constant_(layer.proj.weight, 1.0)
     out, _ = layer(torch.full((1, 4, 16), 3.0))

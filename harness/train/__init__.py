@@ -8,6 +8,7 @@ mixer, a tied head) is trained per configuration on a synthetic task, into train
     text_windows.py  a split's training windows and its evaluation tiling
     text_metrics.py  bits per byte, unigram and bigram floors, recall hits
     model.py    the small model around a variant
+    input_layers.py  the layers that make a variant's declared inputs (gates, DSA's indexer)
     output_layer.py  the papers' norm and gate after a mixer, before the output projection
     trainer.py  one training run: AdamW, early stop, settling, validation and test
                 accuracy; a run paused and continued (the race), or extended

@@ -16,8 +16,8 @@ configuration WORKER_S to start its process and data. Declared skips cost nothin
 
 `wall_seconds` puts a plan on the sweep's workers as the sweep gives them its cells.
 `reference_steps` prices a preset's steps at those of its committed reference run, as the
-preset test plans it; `python -m harness.train.estimate PRESET ...` prints each preset's
-estimate and ceiling so (the figures docs/training.md quotes).
+preset test plans it; tools/plan_train_presets.py prints each preset's estimate and
+ceiling so (the figures docs/training.md quotes).
 
 `flop_step_seconds` is the FLOP model (analytic forward FLOPs x 3 at EFFICIENCY of a matmul
 rate, plus STEP_OVERHEAD_S): shards balance on it, where no probe is run.
@@ -221,22 +221,3 @@ def reference_steps(folder) -> Callable:
         return seconds * c.batch / 64
     return step
 
-
-def _main(presets: list[str]) -> None:
-    """Each PRESET (a preset's name, or MATRIX.toml:FOLDER for a matrix of your own priced
-    at FOLDER's reference run) on two workers."""
-    from harness.train import matrix as tm
-    from harness.train import runner, stops
-    for arg in presets:
-        name, _, folder = arg.partition(":")
-        _, configs = tm.load(name)
-        step, workers = reference_steps(folder or f"results/{name}"), 2
-        est = plan_seconds(configs, step, runner.skip_reasons, stops.share)
-        most = plan_seconds(configs, step, runner.skip_reasons)
-        print(f"{name}: estimate {wall_seconds(est, workers) / 60:.1f} min, ceiling "
-              f"{wall_seconds(most, workers) / 60:.1f} min on {workers} workers")
-
-
-if __name__ == "__main__":
-    import sys
-    _main(sys.argv[1:] or ["train-cpu", "mad-cpu", "hybrid-cpu", "state-cpu", "lm-cpu"])

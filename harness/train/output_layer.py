@@ -21,7 +21,7 @@ class OutputLayer(nn.Module):
     """The paper's layer between the mixer and the output projection, by the name its variant
     declares (`output_layer`): each head's output o (B, H, N, d / H) normalised per head and,
     where the paper's layer has one, gated by a gate made from the block's normed hidden
-    state x (B, N, d), the input of fla's and mamba_ssm's layers (and of model.InputLayer):
+    state x (B, N, d), the input of fla's and mamba_ssm's layers (and of InputLayer):
 
     - "rms": RMSNorm per head with a weight. DeltaNet: fla's DeltaNet (use_gate=False, its
       default). linear and performer: fla's LinearAttention (output_norm="rmsnorm", its
