@@ -13,25 +13,20 @@ Medians of 7 calls. Run it on a quiet machine:
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.measure.store import matmul_gflops  # noqa: E402
+from harness.measure.timing import time_call  # noqa: E402
 from variants.learned_sparse import indexer as ix  # noqa: E402
 
 
 def median_ms(f, reps: int = 7) -> float:
-    f()
-    ts = []
-    for _ in range(reps):
-        a = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - a)
-    return statistics.median(ts) * 1e3
+    """The median of at least `reps` timed calls, by the harness's own timer."""
+    return time_call(f, min_repeats=reps).time_ms
 
 
 def main(n: int) -> None:
@@ -43,9 +38,8 @@ def main(n: int) -> None:
     flops = 2 * Hi * di * n
     rate = lambda ms: flops / ms / 1e6  # GFLOP/s of the product  # noqa: E731
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, n = {n}")
-    A, B = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    sq = median_ms(lambda: A @ B, 5)
-    print(f"square 2048 matmul: {2 * 2048**3 / sq / 1e6:.0f} GFLOP/s")
+    rate_sq = matmul_gflops("cpu", "float32", torch.get_num_threads())  # the run's own rate
+    print(f"square 2048 matmul: {rate_sq:.0f} GFLOP/s")
     sc = ix.lightning_scores(iq, ik, iw)
     print(f"lightning_scores (product, ReLU, weighted sum): {median_ms(lambda: ix.lightning_scores(iq, ik, iw)):.1f} ms")
     print(f"top_later (top-k, ties to the later): {median_ms(lambda: ix.top_later(sc, kk)):.1f} ms")

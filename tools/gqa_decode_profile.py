@@ -17,32 +17,27 @@ calls. Run it on a quiet machine:
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.measure.store import matmul_gflops, read_bandwidth_gbps  # noqa: E402
+from harness.measure.timing import time_call  # noqa: E402
+
 
 def median_ms(f, reps: int = 7) -> float:
-    f()
-    ts = []
-    for _ in range(reps):
-        a = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - a)
-    return statistics.median(ts) * 1e3
+    """The median of at least `reps` timed calls, by the harness's own timer."""
+    return time_call(f, min_repeats=reps).time_ms
 
 
 def main(n: int) -> None:
     torch.manual_seed(0)
     D = 128
-    big = torch.ones(2**28)
-    gbps = 2**30 / median_ms(lambda: big.sum(), 5) / 1e6
-    del big
-    A, B = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    gf = 2 * 2048**3 / median_ms(lambda: A @ B, 5) / 1e6
+    threads = torch.get_num_threads()
+    gbps, gf = read_bandwidth_gbps(threads), matmul_gflops("cpu", "float32", threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, n = {n}; "
           f"read rate {gbps:.1f} GB/s, square matmul {gf:.0f} GFLOP/s")
     print("Hk | g | query heads | cache MiB | ms | GB/s of cache | GFLOP/s | time / read bound")
