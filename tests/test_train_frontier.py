@@ -303,13 +303,13 @@ def test_train_cpu_is_the_frontier_on_two_causal_mqar_settings():
     least = {"sliding_window": 2, "performer": 3}
     for name in ("sliding_window", "performer", "linear", "gla", "mamba2", "gated_deltanet"):
         assert len(states(name, 128)) >= least.get(name, 1), (name, states(name, 128))
-    # the span setting (issue 49): the five gated forms at 4 heads at N = 128, at one state,
-    # to twice the others' cap, so that a seed that starts late is not a not_learned row
+    # the span setting (issue 49): the five gated forms at 8 heads at N = 128, all at one
+    # state (2 KiB), below the 4 KiB where all but gla reach 0.9 (results/train-cpu-v4), at
+    # the others' cap (results/heads8-probe: its seeds agree there)
     span = [c for c in configs if c.seq_len == 128 and c.variant in GATED]
-    assert {c.variant for c in span} == set(GATED) and {c.heads for c in span} == {4}
-    assert len({s for name in GATED for s in states(name, 128)}) == 1
-    others = {c.max_steps for c in configs if c not in span}
-    assert {c.max_steps for c in span} == {2 * max(others)}
+    assert {c.variant for c in span} == set(GATED) and {c.heads for c in span} == {8}
+    assert {s for name in GATED for s in states(name, 128)} == {2048}
+    assert {c.max_steps for c in span} == {c.max_steps for c in configs if c not in span}
 
 
 def test_train_quick_keeps_the_recurrences_within_five_minutes():
