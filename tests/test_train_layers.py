@@ -242,7 +242,8 @@ def test_output_layer_is_in_the_ids_only_when_not_the_bare_block():
     assert TrainConfig.from_json(stored).output_layer == "none"  # a config from before
 
 
-@pytest.mark.parametrize("folder", ["train-cpu", "train-cpu-v4", "hybrid-cpu", "mad-cpu"])
+@pytest.mark.parametrize("folder", ["train-cpu", "train-cpu-v4", "train-cpu-v5", "hybrid-cpu",
+                                    "mad-cpu"])
 def test_committed_folders_keep_their_config_ids(folder):
     path = ROOT / "results" / folder
     meta = json.loads((path / "train_meta.json").read_text())
