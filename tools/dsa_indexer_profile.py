@@ -18,15 +18,10 @@ from pathlib import Path
 
 import torch
 
+from profile_common import matmul_rate, median_ms  # tools/: the harness's timer and rates
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.measure.store import matmul_gflops  # noqa: E402
-from harness.measure.timing import time_call  # noqa: E402
 from variants.learned_sparse import indexer as ix  # noqa: E402
-
-
-def median_ms(f, reps: int = 7) -> float:
-    """The median of at least `reps` timed calls, by the harness's own timer."""
-    return time_call(f, min_repeats=reps).time_ms
 
 
 def main(n: int) -> None:
@@ -38,7 +33,7 @@ def main(n: int) -> None:
     flops = 2 * Hi * di * n
     rate = lambda ms: flops / ms / 1e6  # GFLOP/s of the product  # noqa: E731
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, n = {n}")
-    rate_sq = matmul_gflops("cpu", "float32", torch.get_num_threads())  # the run's own rate
+    rate_sq = matmul_rate(torch.get_num_threads())  # the run's own rate
     print(f"square 2048 matmul: {rate_sq:.0f} GFLOP/s")
     sc = ix.lightning_scores(iq, ik, iw)
     print(f"lightning_scores (product, ReLU, weighted sum): {median_ms(lambda: ix.lightning_scores(iq, ik, iw)):.1f} ms")

@@ -18,26 +18,18 @@ calls. Run it on a quiet machine:
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.measure.store import matmul_gflops, read_bandwidth_gbps  # noqa: E402
-from harness.measure.timing import time_call  # noqa: E402
-
-
-def median_ms(f, reps: int = 7) -> float:
-    """The median of at least `reps` timed calls, by the harness's own timer."""
-    return time_call(f, min_repeats=reps).time_ms
+from profile_common import median_ms, rates  # tools/: the harness's timer and rates
 
 
 def main(n: int) -> None:
     torch.manual_seed(0)
     D = 128
     threads = torch.get_num_threads()
-    gbps, gf = read_bandwidth_gbps(threads), matmul_gflops("cpu", "float32", threads)
+    gbps, gf = rates(threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, n = {n}; "
           f"read rate {gbps:.1f} GB/s, square matmul {gf:.0f} GFLOP/s")
     print("Hk | g | query heads | cache MiB | ms | GB/s of cache | GFLOP/s | time / read bound")

@@ -25,29 +25,30 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from profile_common import median_ms, rates  # tools/: the harness's timer and rates
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.measure.store import matmul_gflops, read_bandwidth_gbps  # noqa: E402
-from harness.measure.timing import time_call  # noqa: E402
+import variants  # noqa: E402
 from variants.core import softmax_  # noqa: E402
 from variants.latent import kernels as K  # noqa: E402
 
-H, R, DR, DN, DV = 32, 512, 64, 128, 128
-
-
-def median_ms(f, reps: int = 7) -> float:
-    return time_call(f, min_repeats=reps).time_ms
+H = 32
+MLA = variants.build("mla")  # DeepSeek-V3's widths, the absorbed form
+R, DR = MLA.params.kv_lora_rank, MLA.params.qk_rope_head_dim
+DN, DV = MLA.params.qk_nope_head_dim, MLA.params.v_head_dim
 
 
 def main(n: int) -> None:
     torch.manual_seed(0)
     threads = torch.get_num_threads()
-    gbps, gf = read_bandwidth_gbps(threads), matmul_gflops("cpu", "float32", threads)
+    gbps, gf = rates(threads)
     kc = torch.randn(1, n, R + DR)
     q_pe, q_nope = torch.randn(1, H, 1, DR), torch.randn(1, H, 1, DN)
     w_uk, w_uv = torch.randn(H, DN, R) * DN ** -0.5, torch.randn(H, DV, R) * R ** -0.5
-    scale = (DN + DR) ** -0.5
-    flops = 2 * H * (R * (DN + DV) + n * (2 * R + DR))
-    nbytes = (n * (R + DR) + H * R * (DN + DV)) * 4
+    scale = MLA.softmax_scale
+    shape = variants.Shape(B=1, H=H, N=n, D=DR)  # the decode case's: q is q_pe
+    flops = MLA.decode_flops_at(n, shape)  # what the harness's decode rows count
+    nbytes = MLA.decode_read_size_at(n, shape) * 4  # float32
     bound = max(flops / gf / 1e6, nbytes / gbps / 1e6)
     print(f"torch {torch.__version__}, {threads} threads, n = {n}; read rate {gbps:.1f} GB/s, "
           f"square matmul {gf:.0f} GFLOP/s; the step: {flops / 1e9:.2f} GFLOP, "
