@@ -302,6 +302,33 @@ def test_the_served_answer_names_the_fastest_accurate_decoder_and_every_ratio(tm
     assert not [b for b in answers_blocks(run) if "served baseline" in str(b[-1])]
 
 
+def test_a_decoder_of_other_widths_is_set_against_the_baseline_of_its_layer(tmp_path):
+    """A decoder of another head width (mla: a rotary query of 64 beside the grouped
+    baseline's 128 in decode-answers; 32 beside 64 here) decodes for the same query heads:
+    its ratio is against that baseline, its label names its width, and the layer is one
+    setting."""
+    rows = []
+    for n in (4096, 65536):
+        s = n / 4096
+        rows += [decode_row("sdpa", n, time_ms=1.0 * s, kv_heads=8),
+                 {**decode_row("sdpa", n), "variant": "mla", "family": "latent", "exact": False,
+                  "err_ref": "own_softmax", "row_cos": 1.0, "head_dim": 32, "kv_heads": 1,
+                  "value_dim": 512, "time_ms": 0.5 * s, "decode_state_mib": 2 * s}]
+    meta = {**DECODE_META, "matrix": {"groups": [], "baseline": {
+        "variant": "sdpa", "params": "{}", "kv_heads": 8,
+        "value_heads": None, "value_dim": None}}}
+    from harness.report.run import read
+
+    run = read(write_run(tmp_path / "layer", rows, meta))
+    answers, every, label = decoders.served_tables(run.dec, run.meta, {})
+    assert label == "sdpa [kv_heads=8]" and "setting" not in every
+    mla = "mla [kv_heads=1, value_dim=512] D32"
+    e = every.set_index(["context", "decoder"])
+    assert e.loc[(65536, mla), "× faster than the baseline"] == "2.0"
+    assert e.loc[(65536, "sdpa [kv_heads=8]"), "× faster than the baseline"] == "1.0"
+    assert list(answers["fastest decoder"]) == [mla, mla]
+
+
 def test_the_dry_run_plans_decode_served_and_names_the_guards_skip(capsys, monkeypatch):
     from harness.cli import run as cli_run
     from harness.measure import memory

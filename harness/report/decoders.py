@@ -172,6 +172,20 @@ def _status_cell(row) -> str:
     return "ok" if row["status"] == "ok" else f"{row['status']}: {row['reason']}"
 
 
+def _by_layer(dec: pd.DataFrame, base: pd.Series) -> pd.DataFrame:
+    """The rows keyed by the served layer they decode for: `setting` without the head width,
+    so that a decoder of other widths (mla: a rotary query of 64 and a latent of 512; dsa
+    in MLA's cache: keys of 576) is set against the baseline of the same query heads,
+    batch, dtype and device. A row whose width is not the baseline's names it in its label."""
+    if dec["head_dim"].nunique() < 2:
+        return dec
+    width = dec.loc[base, "head_dim"].iloc[0] if base.any() else None
+    layer = dec["setting"].str.replace(r" D\d+$", "", regex=True)
+    other = dec["head_dim"] != width
+    label = dec["label"].where(~other, dec["label"] + " D" + dec["head_dim"].astype(int).astype(str))
+    return dec.assign(setting=layer, label=label)
+
+
 def served_tables(dec: pd.DataFrame, meta: dict, recall: dict[str, float]
                   ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """(answers, every decoder, the baseline's label) for a folder whose matrix names a
@@ -180,6 +194,7 @@ def served_tables(dec: pd.DataFrame, meta: dict, recall: dict[str, float]
     decoder's time, state, roofline bound and ratio against the baseline."""
     base = baseline_rows(dec, meta["matrix"]["baseline"])
     label = dec.loc[base, "label"].iloc[0] if base.any() else meta["matrix"]["baseline"]["variant"]
+    dec = _by_layer(dec, base)
     ok = T.ok_rows(dec)
     bound, which = generation.roofline(ok, meta)
     ok = ok.assign(bound_ms=bound, bound=which, qualifies=_qualifies(ok, recall),
