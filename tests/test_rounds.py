@@ -85,6 +85,13 @@ def test_rounds_go_over_every_case_in_matrix_order(three_rounds):
         s["rates"]["cpu float32"] for s in samples)
 
 
+def test_a_run_in_rounds_records_the_read_rate_beside_the_matmul_rate(three_rounds):
+    """A reference run (timed in rounds) names the machine's memory speed, as a decode run
+    does for its bound: folders from different machines can be told apart."""
+    meta = json.loads((three_rounds[0] / "meta.json").read_text())
+    assert meta["read_bandwidth_gbps"] > 0 and meta["matmul_gflops"]["cpu float32"] > 0
+
+
 def test_row_pools_the_rounds(three_rounds):
     folder, _ = three_rounds
     recs = {(r["case_id"], r["round"]): r for r in _records(folder / "rounds.jsonl")}

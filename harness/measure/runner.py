@@ -42,8 +42,10 @@ def run(matrix: dict, cases: list[Case], store: RunStore, *, resume: bool) -> Co
     meta.setdefault("busy", []).append(busy_sample(0))
     if "matmul_fp32_gflops" not in meta:  # once per run, not per resumed session
         meta["matmul_fp32_gflops"] = matmul_fp32_gflops(threads)
-    if any(c.decode for c in cases) and "read_bandwidth_gbps" not in meta:
-        meta["read_bandwidth_gbps"] = read_bandwidth_gbps(threads)  # decode's bound
+    # The read rate: decode's bound, and, in a run timed in rounds (a reference run), the
+    # machine's memory speed beside its matmul rate, for comparing folders across machines.
+    if any(c.decode or c.rounds > 1 for c in cases) and "read_bandwidth_gbps" not in meta:
+        meta["read_bandwidth_gbps"] = read_bandwidth_gbps(threads)
     # The rate each (device, dtype) of the run is set against: its own matmul, measured at
     # the start, before each later round and at the end (the machine's speed drifts
     # between minutes); `matmul_gflops` is the median of those samples.
