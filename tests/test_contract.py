@@ -318,6 +318,23 @@ def test_a_band_wider_than_the_sequence_is_native_not_a_repeat():
         r.line()
 
 
+def test_a_freed_shared_address_does_not_make_a_later_tensor_the_shared_heads():
+    """The repeat watch tracks sides by storage address: a shared-head intermediate that is
+    freed must not pass its side to a tensor of neither side made at its address (here
+    `new_zeros`, which the allocator places there). Planted: not holding the call's
+    tensors flags `z + 1` as made from the shared heads alone (the nsa flake of a61c559's
+    CI)."""
+    k = torch.randn(256, 16, dtype=torch.float64)
+    q = torch.randn(256, 16, dtype=torch.float64)
+    watch = groupings.Repeats((k,), (q,), threshold=0)
+    with watch:
+        t = k * 2
+        del t
+        z = k.new_zeros(256, 16)
+        z + 1
+    assert [what for what, _ in watch.found] == ["aten.mul.Tensor made (256, 16)"]
+
+
 # -- a variant of one's own, from docs/variants.md alone --------------------------------
 
 def docs_example() -> str:

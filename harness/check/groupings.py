@@ -65,6 +65,10 @@ class Repeats(TorchDispatchMode):
         self.threshold = threshold
         self.found: list[tuple[str, int]] = []
         self.largest = 0
+        # Provenance is by storage address: every tensor the call makes is held until the
+        # watch ends, so that no later tensor reuses a freed one's address and inherits
+        # its side (a stale address read a tensor of q's as the shared heads' alone).
+        self._held: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -73,6 +77,7 @@ class Repeats(TorchDispatchMode):
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         ins = {t.untyped_storage().data_ptr() for t in tensors}
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self._held.extend(outs)
         # the numbers its floating-point inputs of neither side hold (their storage: an
         # expanded view of a few numbers is still a few)
         own = max((t.untyped_storage().nbytes() // t.element_size() for t in tensors
