@@ -25,7 +25,7 @@ import pandas as pd
 
 from harness.report import decode_recurrences, generation
 from harness.report import tables as T
-from harness.report.folder import GROUPING
+from harness.report.folder import GROUPING, layer_name
 
 RECALL = 0.9  # the trained held-out accuracy a recurrence must reach to be named
 
@@ -180,7 +180,7 @@ def _by_layer(dec: pd.DataFrame, base: pd.Series) -> pd.DataFrame:
     if dec["head_dim"].nunique() < 2:
         return dec
     width = dec.loc[base, "head_dim"].iloc[0] if base.any() else None
-    layer = dec["setting"].str.replace(r" D\d+$", "", regex=True)
+    layer = [layer_name(r) for _, r in dec.iterrows()]
     other = dec["head_dim"] != width
     label = dec["label"].where(~other, dec["label"] + " D" + dec["head_dim"].astype(int).astype(str))
     return dec.assign(setting=layer, label=label)

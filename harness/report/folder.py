@@ -82,11 +82,17 @@ def _as_bool(v, column: str = "causal") -> bool:
     raise UsageError(f"{column} must be True or False, got {v!r}")
 
 
-def setting_name(row) -> str:
-    """One readable string for a setting, e.g. `forward · gaussian · causal · cpu float32 B1 H8 D64`."""
+def layer_name(row) -> str:
+    """A setting less its head width, e.g. `decode · gaussian · causal · cpu float32 B1 H32`:
+    the layer a decoder serves, whatever widths its heads have (the served tables)."""
     causal = "causal" if row["causal"] else "non-causal"
     return (f"{row['pass']} · {row['input']} · {causal} · {row['device']} {row['dtype']} "
-            f"B{int(row['batch'])} H{int(row['heads'])} D{int(row['head_dim'])}")
+            f"B{int(row['batch'])} H{int(row['heads'])}")
+
+
+def setting_name(row) -> str:
+    """One readable string for a setting, e.g. `forward · gaussian · causal · cpu float32 B1 H8 D64`."""
+    return f"{layer_name(row)} D{int(row['head_dim'])}"
 
 
 def grouping_suffix(row) -> str:
