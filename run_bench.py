@@ -27,7 +27,7 @@ from harness.errors import UsageError
 
 DEFAULT_JOB = ("with no command, attnbench runs the default job: the quick CPU matrix, the "
                "drift of MiniLM at N = 512 under each variant and their report, into "
-               "results/<timestamp>/ (about 80 s on 2 cores; `attnbench run --preset quick "
+               "results/<timestamp>/ (about a minute on 2 cores, docs/running.md; `attnbench run --preset quick "
                "--dry-run` prints its plan)")
 
 
